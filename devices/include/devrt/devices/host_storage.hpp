@@ -1,0 +1,66 @@
+// Host storage: pages of real, aligned, zero-filled host memory. A resource's pointer can be read
+// and written by the program.
+//
+// Threading: owned by one memory manager; called only from its owner thread.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "devrt/memory/storage.hpp"
+
+namespace devrt::devices {
+
+struct host_options {
+  std::uint64_t alignment = 64;              ///< a power of two
+  std::uint64_t max_page_size = 1ULL << 30;  ///< largest page the layouts ask for
+  std::uint64_t capacity = 0;                ///< refuse allocations past this many bytes (0: no limit)
+};
+
+class host_storage {
+ public:
+  /// Throws devrt::exception (invalid_argument) if the alignment is not a power of two.
+  explicit host_storage(host_options opts = {});
+  host_storage(const host_storage&) = delete;
+  host_storage& operator=(const host_storage&) = delete;
+  ~host_storage();
+
+  [[nodiscard]] std::uint64_t alignment() const noexcept { return opts_.alignment; }
+  [[nodiscard]] memory::device_properties properties() const noexcept {
+    return {opts_.max_page_size, opts_.alignment, opts_.capacity};
+  }
+  /// A new zero-filled page. Error out_of_memory when the system or the capacity refuses it.
+  result<memory::storage_handle> alloc(std::uint64_t size);
+  /// Queues the page for release at the next flush.
+  void dealloc(memory::storage_id id);
+  /// Releases every queued page.
+  result<void> flush();
+  /// The pointer and size of a view. Errors: not_found (unknown page), invalid_argument (the view
+  /// is outside the page).
+  [[nodiscard]] result<memory::resource> get(const memory::storage_handle& h);
+  [[nodiscard]] std::size_t pending_deallocations() const noexcept { return pending_.size(); }
+  [[nodiscard]] std::string name() const { return "host"; }
+
+  [[nodiscard]] std::uint64_t allocated_bytes() const noexcept { return allocated_; }
+  [[nodiscard]] std::size_t page_count() const noexcept { return pages_.size(); }
+
+ private:
+  struct page {
+    void* ptr;
+    std::uint64_t size;
+    bool mapped;  // from mmap rather than the heap
+  };
+  void release(const page& p) noexcept;
+
+  host_options opts_;
+  std::unordered_map<memory::storage_id, page> pages_;
+  std::vector<memory::storage_id> pending_;
+  std::uint64_t allocated_ = 0;
+  memory::storage_id next_id_ = 1;
+};
+
+static_assert(memory::storage_backend<host_storage>);
+
+}  // namespace devrt::devices

@@ -1,0 +1,89 @@
+#include "devrt/devices/host_storage.hpp"
+
+#include <sys/mman.h>
+
+#include <cstring>
+#include <new>
+
+namespace devrt::devices {
+
+namespace {
+// Pages at least this large come from mmap: zero-filled by the kernel and committed lazily.
+constexpr std::uint64_t mmap_threshold = 1ULL << 21;
+}  // namespace
+
+host_storage::host_storage(host_options opts) : opts_(opts) {
+  if (opts_.alignment == 0 || (opts_.alignment & (opts_.alignment - 1)) != 0 || opts_.alignment > 4096) {
+    error e = error::make(errc::invalid_argument, "the host alignment must be a power of two no larger than 4096");
+    e.size = opts_.alignment;
+    throw exception(e);
+  }
+}
+
+host_storage::~host_storage() {
+  for (auto& [id, p] : pages_) release(p);
+}
+
+void host_storage::release(const page& p) noexcept {
+  if (p.mapped) {
+    ::munmap(p.ptr, p.size);
+  } else {
+    ::operator delete(p.ptr, std::align_val_t(opts_.alignment));
+  }
+}
+
+result<memory::storage_handle> host_storage::alloc(std::uint64_t size) {
+  auto refuse = [&](const char* why) {
+    error e = error::make(errc::out_of_memory, why);
+    e.size = size;
+    e.in_use = allocated_;
+    e.limit = opts_.capacity;
+    return e;
+  };
+  if (opts_.capacity != 0 && size > opts_.capacity - std::min(allocated_, opts_.capacity)) {
+    return refuse("host capacity reached");
+  }
+  page p{nullptr, size, false};
+  if (size >= mmap_threshold) {
+    void* m = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (m == MAP_FAILED) return refuse("mmap failed");
+    p.ptr = m;
+    p.mapped = true;
+  } else {
+    p.ptr = ::operator new(size == 0 ? 1 : size, std::align_val_t(opts_.alignment), std::nothrow);
+    if (p.ptr == nullptr) return refuse("the system allocator refused");
+    std::memset(p.ptr, 0, size);
+  }
+  const memory::storage_id id = next_id_++;
+  pages_.emplace(id, p);
+  allocated_ += size;
+  return memory::storage_handle{id, 0, size};
+}
+
+void host_storage::dealloc(memory::storage_id id) { pending_.push_back(id); }
+
+result<void> host_storage::flush() {
+  for (const memory::storage_id id : pending_) {
+    auto it = pages_.find(id);
+    if (it == pages_.end()) continue;
+    allocated_ -= it->second.size;
+    release(it->second);
+    pages_.erase(it);
+  }
+  pending_.clear();
+  return {};
+}
+
+result<memory::resource> host_storage::get(const memory::storage_handle& h) {
+  auto it = pages_.find(h.id);
+  if (it == pages_.end()) return error::make(errc::not_found, "the host page does not exist");
+  if (h.offset > it->second.size || h.size > it->second.size - h.offset) {
+    error e = error::make(errc::invalid_argument, "the view ends past its host page");
+    e.size = h.offset + h.size;
+    e.limit = it->second.size;
+    return e;
+  }
+  return memory::resource{static_cast<std::byte*>(it->second.ptr) + h.offset, h.size, h};
+}
+
+}  // namespace devrt::devices

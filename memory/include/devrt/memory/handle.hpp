@@ -1,0 +1,219 @@
+// Handles and bindings: reference-counted identities of managed memory.
+//
+// A `memory_handle` and every copy of it share one descriptor: an id plus the location of the
+// slice that holds the memory. A `memory_binding` shares the descriptor too, keeping the memory
+// alive without counting as a user handle, so `can_mut()` (exactly one user handle) is unaffected
+// by bindings held by queued work.
+//
+// Threading: copies, moves and drops of handles and bindings are safe from any thread (atomic
+// counts). The location is read and written only by the owner of the memory manager (its thread or
+// strand). When the last user reference to a slice's memory is dropped, the drop pushes the
+// descriptor onto the manager's release queue (lock-free); the manager learns of the free the next
+// time it runs, without scanning its slices.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <utility>
+
+namespace devrt::memory {
+
+/// Process-unique identity of an allocation.
+struct memory_id {
+  std::uint64_t value = 0;
+  friend constexpr bool operator==(memory_id, memory_id) = default;
+  friend constexpr auto operator<=>(memory_id, memory_id) = default;
+};
+
+/// Where a handle's memory lives: a pool, a page of it, and a slice slot.
+struct location {
+  static constexpr std::uint8_t persistent_pool = 255;  ///< sentinel pool index of the persistent pool
+  std::uint8_t pool = 0;
+  std::uint32_t page = 0;
+  std::uint32_t slice = 0;
+  bool init = false;  ///< false until a pool has placed the memory
+  friend constexpr bool operator==(const location&, const location&) = default;
+};
+
+class release_queue;
+
+namespace detail {
+
+/// Shared state behind handles and bindings.
+///
+/// `state` packs the reference counts and two flags so that a drop is one atomic operation:
+///   bits  0..31  total references: user handles + bindings + 1 while attached (the slice's own
+///                reference) + 1 while queued (the release queue's reference)
+///   bits 32..61  user handles (for can_mut)
+///   bit  62      queued: sits on (or is being pushed onto) a release queue
+///   bit  63      attached: a live slice of a manager refers to this descriptor
+/// Invariants: attached implies `queue != nullptr`; only the owner thread sets or clears attached.
+struct descriptor {
+  static constexpr std::uint64_t one_ref = 1;
+  static constexpr std::uint64_t one_handle = std::uint64_t{1} << 32;
+  static constexpr std::uint64_t total_mask = 0xffffffffULL;
+  static constexpr std::uint64_t handle_mask = ((std::uint64_t{1} << 30) - 1) << 32;
+  static constexpr std::uint64_t queued_bit = std::uint64_t{1} << 62;
+  static constexpr std::uint64_t attached_bit = std::uint64_t{1} << 63;
+
+  std::atomic<std::uint64_t> state{0};
+  memory_id id{};
+  location loc{};                        // owner thread only
+  release_queue* queue = nullptr;        // set before attached is published
+  descriptor* next_released = nullptr;   // link in the release queue or a free list
+
+  static std::uint64_t total(std::uint64_t s) noexcept { return s & total_mask; }
+  static std::uint64_t handles(std::uint64_t s) noexcept { return (s & handle_mask) >> 32; }
+
+  /// A new unattached descriptor with a fresh id and no references.
+  static descriptor* create();
+  /// Gives a fresh id to a recycled descriptor (owner thread, no references outside).
+  void renew() noexcept;
+
+  void add_handle() noexcept { state.fetch_add(one_handle | one_ref, std::memory_order_relaxed); }
+  void add_binding() noexcept { state.fetch_add(one_ref, std::memory_order_relaxed); }
+  /// Drops one reference of the given kind (`one_handle | one_ref` or `one_ref`). Thread-safe.
+  void release(std::uint64_t delta) noexcept;
+};
+
+/// Process-wide counter of ids; never returns 0.
+std::uint64_t next_memory_id() noexcept;
+
+}  // namespace detail
+
+class memory_binding;
+
+/// A user's reference to managed memory. Cheap to copy; safe to copy and drop from any thread.
+class memory_handle {
+ public:
+  /// An empty handle that refers to nothing.
+  memory_handle() noexcept = default;
+  /// A fresh identity with no memory yet: bind it to a reserved slice to give it memory.
+  static memory_handle make();
+
+  memory_handle(const memory_handle& o) noexcept : d_(o.d_) {
+    if (d_ != nullptr) d_->add_handle();
+  }
+  memory_handle(memory_handle&& o) noexcept : d_(std::exchange(o.d_, nullptr)) {}
+  memory_handle& operator=(const memory_handle& o) noexcept {
+    memory_handle tmp(o);
+    std::swap(d_, tmp.d_);
+    return *this;
+  }
+  memory_handle& operator=(memory_handle&& o) noexcept {
+    memory_handle tmp(std::move(o));
+    std::swap(d_, tmp.d_);
+    return *this;
+  }
+  ~memory_handle() { reset(); }
+
+  /// Drops this reference (the handle becomes empty).
+  void reset() noexcept {
+    if (d_ != nullptr) std::exchange(d_, nullptr)->release(detail::descriptor::one_handle | detail::descriptor::one_ref);
+  }
+
+  [[nodiscard]] bool empty() const noexcept { return d_ == nullptr; }
+  explicit operator bool() const noexcept { return d_ != nullptr; }
+  /// The allocation's id (0 for an empty handle).
+  [[nodiscard]] memory_id id() const noexcept { return d_ != nullptr ? d_->id : memory_id{}; }
+  /// True when this is the only user handle (bindings do not count): the memory may be mutated
+  /// in place.
+  [[nodiscard]] bool can_mut() const noexcept {
+    return d_ != nullptr &&
+           detail::descriptor::handles(d_->state.load(std::memory_order_acquire)) == 1;
+  }
+  /// Number of user handles sharing this identity (for tests and diagnostics).
+  [[nodiscard]] std::uint64_t use_count() const noexcept {
+    return d_ != nullptr ? detail::descriptor::handles(d_->state.load(std::memory_order_acquire)) : 0;
+  }
+
+  /// A binding to the same memory.
+  [[nodiscard]] memory_binding binding() const& noexcept;
+  /// Converts this handle into a binding.
+  [[nodiscard]] memory_binding binding() && noexcept;
+
+  friend bool operator==(const memory_handle& a, const memory_handle& b) noexcept { return a.d_ == b.d_; }
+
+  /// Internal: the shared descriptor.
+  [[nodiscard]] detail::descriptor* raw() const noexcept { return d_; }
+  /// Internal: adopts a descriptor on which a handle reference was already added.
+  static memory_handle adopt(detail::descriptor* d) noexcept {
+    memory_handle h;
+    h.d_ = d;
+    return h;
+  }
+
+ private:
+  detail::descriptor* d_ = nullptr;
+};
+
+/// A reference that keeps memory alive without counting as a user handle. Used by queued work.
+class memory_binding {
+ public:
+  memory_binding() noexcept = default;
+  memory_binding(const memory_binding& o) noexcept : d_(o.d_) {
+    if (d_ != nullptr) d_->add_binding();
+  }
+  memory_binding(memory_binding&& o) noexcept : d_(std::exchange(o.d_, nullptr)) {}
+  memory_binding& operator=(const memory_binding& o) noexcept {
+    memory_binding tmp(o);
+    std::swap(d_, tmp.d_);
+    return *this;
+  }
+  memory_binding& operator=(memory_binding&& o) noexcept {
+    memory_binding tmp(std::move(o));
+    std::swap(d_, tmp.d_);
+    return *this;
+  }
+  ~memory_binding() { reset(); }
+
+  void reset() noexcept {
+    if (d_ != nullptr) std::exchange(d_, nullptr)->release(detail::descriptor::one_ref);
+  }
+  [[nodiscard]] bool empty() const noexcept { return d_ == nullptr; }
+  [[nodiscard]] memory_id id() const noexcept { return d_ != nullptr ? d_->id : memory_id{}; }
+  [[nodiscard]] detail::descriptor* raw() const noexcept { return d_; }
+  static memory_binding adopt(detail::descriptor* d) noexcept {
+    memory_binding b;
+    b.d_ = d;
+    return b;
+  }
+
+ private:
+  detail::descriptor* d_ = nullptr;
+};
+
+inline memory_binding memory_handle::binding() const& noexcept {
+  if (d_ == nullptr) return {};
+  d_->add_binding();
+  return memory_binding::adopt(d_);
+}
+
+inline memory_binding memory_handle::binding() && noexcept {
+  if (d_ == nullptr) return {};
+  // Turn the handle reference into a binding reference: the total count is unchanged.
+  d_->add_binding();
+  memory_binding b = memory_binding::adopt(d_);
+  reset();
+  return b;
+}
+
+/// A multi-producer, single-consumer list of descriptors whose last user reference was dropped.
+/// Producers are any threads; the consumer is the owner of the memory manager.
+class release_queue {
+ public:
+  void push(detail::descriptor* d) noexcept {
+    detail::descriptor* head = head_.load(std::memory_order_relaxed);
+    do {
+      d->next_released = head;
+    } while (!head_.compare_exchange_weak(head, d, std::memory_order_release, std::memory_order_relaxed));
+  }
+  /// Takes everything pushed so far (most recent first).
+  detail::descriptor* take_all() noexcept { return head_.exchange(nullptr, std::memory_order_acquire); }
+  [[nodiscard]] bool empty() const noexcept { return head_.load(std::memory_order_relaxed) == nullptr; }
+
+ private:
+  std::atomic<detail::descriptor*> head_{nullptr};
+};
+
+}  // namespace devrt::memory

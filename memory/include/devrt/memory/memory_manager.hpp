@@ -1,0 +1,158 @@
+// The memory manager of one device: the persistent pool, the dynamic pools of the current layout,
+// and the storage they take pages from.
+//
+// Threading: single-threaded. Every member function must be called from the manager's owner
+// (a thread, or the device actor's strand). Handles it returns may be copied and dropped from any
+// thread; drops reach the manager through its release queue and are processed at the start of
+// the next call, so frees cost no scan of the slices.
+//
+// Errors are returned as `result` values; nothing on the reserve path throws or logs.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <variant>
+#include <vector>
+
+#include "devrt/memory/config.hpp"
+#include "devrt/memory/exclusive_pool.hpp"
+#include "devrt/memory/handle.hpp"
+#include "devrt/memory/persistent_pool.hpp"
+#include "devrt/memory/pool_context.hpp"
+#include "devrt/memory/sliced_pool.hpp"
+#include "devrt/memory/storage.hpp"
+#include "devrt/memory/usage.hpp"
+
+namespace devrt::memory {
+
+/// How a manager is set up.
+struct manager_options {
+  std::string name = "device";
+  memory_layout layout = preset::sub_slices;
+  persistent_policy policy = persistent_policy::enabled;
+  /// Initial mode; by default `persistent` under the `enforced` policy and `automatic` otherwise.
+  std::optional<allocation_mode> mode;
+};
+
+/// What `configure` did.
+struct configure_outcome {
+  bool applied = false;
+  std::uint64_t live_bytes = 0;  ///< bytes still live in the dynamic pools when kept
+};
+
+/// One dynamic pool of the current layout.
+using dynamic_pool = std::variant<std::unique_ptr<sliced_pool>, std::unique_ptr<exclusive_pool>>;
+
+class memory_manager {
+ public:
+  /// Builds the pools of `opts.layout` for the storage's device. Throws `devrt::exception` with a
+  /// configuration error if the layout is invalid; `create` returns it instead.
+  memory_manager(storage store, manager_options opts);
+  static result<std::unique_ptr<memory_manager>> create(storage store, manager_options opts);
+
+  memory_manager(const memory_manager&) = delete;
+  memory_manager& operator=(const memory_manager&) = delete;
+  /// Returns every page to the storage. Handles that outlive the manager stay safe to copy and
+  /// drop; they no longer resolve.
+  ~memory_manager();
+
+  /// Reserves `size` bytes. Routing: the persistent pool when the mode or policy asks for it,
+  /// otherwise the first dynamic pool that accepts the size. Errors: buffer_too_big (no pool
+  /// accepts), pool_capacity_exceeded (the accepting pool is capped and full; later pools are not
+  /// tried), out_of_memory and device_error from the storage.
+  result<memory_handle> reserve(std::uint64_t size);
+
+  /// Gives the memory of `reserved` to `assigned` (a fresh identity from `memory_handle::make()`);
+  /// copies of `reserved` become stale and resolve to not_found. Errors: not_found (reserved is
+  /// uninitialized, stale or from another manager), already_bound (assigned has memory).
+  result<void> bind(memory_handle reserved, const memory_handle& assigned, std::uint64_t cursor = 0);
+
+  result<std::uint64_t> get_cursor(const memory_binding& b);
+  result<std::uint64_t> get_cursor(const memory_handle& h);
+  /// The storage view of the allocation: page id, offset, requested size.
+  result<storage_handle> get_storage(const memory_binding& b);
+  result<storage_handle> get_storage(const memory_handle& h);
+  /// The resource of the allocation, optionally trimmed by `offset_start` bytes at the front and
+  /// `offset_end` bytes at the back. Error invalid_argument when the trims exceed the size.
+  result<resource> get_resource(const memory_binding& b, std::optional<std::uint64_t> offset_start = {},
+                                std::optional<std::uint64_t> offset_end = {});
+  result<resource> get_resource(const memory_handle& h, std::optional<std::uint64_t> offset_start = {},
+                                std::optional<std::uint64_t> offset_end = {});
+
+  /// Periodic (explicit = false) or full (explicit = true) return of unused pages. An explicit
+  /// cleanup also flushes queued deallocations. Nothing is freed while a capture is open.
+  result<void> cleanup(bool explicit_cleanup);
+  /// Pushes queued deallocations to the device.
+  result<void> flush();
+
+  /// Replaces the dynamic pools by those of `layout` if none of their slices is live (after an
+  /// explicit cleanup). The persistent pool, the mode and the policy are kept. Errors: any layout
+  /// validation error, capture_active.
+  result<configure_outcome> configure(const memory_layout& layout);
+
+  /// Opens a capture window: every reserve is served by the persistent pool, and the slices the
+  /// window reserves or binds are recorded. A second begin keeps the first window.
+  void capture_begin();
+  /// Closes the window and returns handles pinning exactly the persistent slices it touched.
+  /// Error no_capture without an open window.
+  result<std::vector<memory_handle>> capture_end();
+  [[nodiscard]] bool capturing() const noexcept { return capture_.has_value(); }
+
+  /// Sets the allocation mode (ignored under the disabled and enforced policies; deferred to the
+  /// end of an open capture window).
+  void mode(allocation_mode m);
+  [[nodiscard]] allocation_mode current_mode() const noexcept { return mode_; }
+  [[nodiscard]] persistent_policy policy() const noexcept { return opts_.policy; }
+
+  /// Processes the frees reported since the last call. Every other member calls it first.
+  void process_releases();
+
+  memory_usage usage();
+  [[nodiscard]] const memory_statistics& statistics() const noexcept { return stats_; }
+  /// Readable report: the persistent pool, each dynamic pool with its pages, and a summary.
+  std::string report();
+  /// Expensive consistency check of every pool and counter. Empty when consistent; otherwise the
+  /// first violation found.
+  std::string check_invariants();
+
+  [[nodiscard]] const std::string& name() const noexcept { return opts_.name; }
+  [[nodiscard]] device_properties properties() const { return props_; }
+  [[nodiscard]] const std::vector<pool_options>& layout() const noexcept { return layout_; }
+  [[nodiscard]] std::size_t dynamic_pool_count() const noexcept { return pools_.size(); }
+  [[nodiscard]] storage& backing_storage() noexcept { return store_; }
+  [[nodiscard]] std::uint64_t reserve_count() const noexcept { return reserve_count_; }
+
+ private:
+  struct capture_state {
+    allocation_mode restore_mode;
+  };
+
+  memory_manager(storage store, manager_options opts, std::vector<pool_options> layout);
+  void build_pools(const std::vector<pool_options>& layout);
+  void release_pools();
+  result<slice_view> find(const detail::descriptor* d) const;
+  result<resource> resolve(const detail::descriptor* d, std::optional<std::uint64_t> offset_start,
+                           std::optional<std::uint64_t> offset_end);
+  result<memory_handle> reserve_persistent(std::uint64_t size);
+  void release_one(detail::descriptor* d);
+  std::uint64_t dynamic_in_use() const noexcept;
+  std::vector<pool_config> layout_to_configs() const;
+
+  storage store_;
+  manager_options opts_;
+  device_properties props_;
+  std::vector<pool_options> layout_;
+  memory_statistics stats_;
+  release_queue queue_;
+  descriptor_cache descriptors_;
+  pool_context ctx_;
+  persistent_pool persistent_;
+  std::vector<dynamic_pool> pools_;
+  allocation_mode mode_ = allocation_mode::automatic;
+  std::optional<capture_state> capture_;
+  std::uint64_t reserve_count_ = 0;
+};
+
+}  // namespace devrt::memory

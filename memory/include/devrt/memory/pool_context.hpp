@@ -1,0 +1,124 @@
+// What every pool needs from its manager: the storage, the statistics, the release queue that
+// drops are reported to, and a cache of descriptors to reuse. Owned by the manager; used only on
+// the manager's owner thread.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "devrt/memory/error.hpp"
+#include "devrt/memory/handle.hpp"
+#include "devrt/memory/storage.hpp"
+#include "devrt/memory/usage.hpp"
+
+namespace devrt::memory {
+
+/// Recycles descriptors of slices that became free, so the steady state allocates none.
+class descriptor_cache {
+ public:
+  descriptor_cache() = default;
+  descriptor_cache(const descriptor_cache&) = delete;
+  descriptor_cache& operator=(const descriptor_cache&) = delete;
+  ~descriptor_cache() {
+    for (auto* d : free_) delete d;
+  }
+  /// A descriptor with a fresh id and no references.
+  detail::descriptor* acquire() {
+    if (free_.empty()) return detail::descriptor::create();
+    detail::descriptor* d = free_.back();
+    free_.pop_back();
+    d->renew();
+    return d;
+  }
+  /// Takes back a descriptor nobody refers to.
+  void recycle(detail::descriptor* d) {
+    if (free_.size() < max_cached) {
+      free_.push_back(d);
+    } else {
+      delete d;
+    }
+  }
+
+ private:
+  static constexpr std::size_t max_cached = 4096;
+  std::vector<detail::descriptor*> free_;
+};
+
+/// Everything a pool touches outside itself.
+struct pool_context {
+  storage& store;
+  memory_statistics& stats;
+  release_queue& queue;
+  descriptor_cache& descriptors;
+  /// Descriptors detached while a drop was handing them to the release queue; the manager waits
+  /// for them before it goes away.
+  std::uint64_t detached_in_flight = 0;
+
+  /// Gives a fresh descriptor to a slice at `loc`, with one user handle. Returns it.
+  detail::descriptor* attach_new(const location& loc) {
+    detail::descriptor* d = descriptors.acquire();
+    d->loc = loc;
+    d->queue = &queue;
+    // The slice's own reference plus the handle returned to the caller.
+    d->state.store(detail::descriptor::attached_bit | detail::descriptor::one_handle | 2,
+                   std::memory_order_release);
+    return d;
+  }
+  /// Attaches an existing descriptor (from bind) that callers already hold.
+  void attach_existing(detail::descriptor* d, const location& loc) {
+    d->loc = loc;
+    d->queue = &queue;
+    d->state.fetch_add(detail::descriptor::attached_bit | detail::descriptor::one_ref, std::memory_order_acq_rel);
+  }
+  /// Detaches a descriptor from its slice; recycles it when nothing else refers to it.
+  void detach(detail::descriptor* d) {
+    const std::uint64_t old =
+        d->state.fetch_sub(detail::descriptor::attached_bit | detail::descriptor::one_ref, std::memory_order_acq_rel);
+    if (detail::descriptor::total(old) == 1) descriptors.recycle(d);
+    if ((old & detail::descriptor::queued_bit) != 0) ++detached_in_flight;
+  }
+
+  /// Allocates a page from the storage and counts it.
+  result<storage_handle> alloc_page(std::uint64_t size) {
+    auto r = store.alloc(size);
+    if (r) {
+      ++stats.driver_allocs;
+      stats.bytes_reserved += size;
+      if (stats.bytes_reserved > stats.peak_bytes_reserved) stats.peak_bytes_reserved = stats.bytes_reserved;
+    } else if (r.code() == errc::out_of_memory) {
+      ++stats.out_of_memory;
+    }
+    return r;
+  }
+  /// Queues a page for return to the storage and counts it.
+  void free_page(storage_id id, std::uint64_t size) {
+    store.dealloc(id);
+    ++stats.driver_frees;
+    stats.bytes_reserved -= size;
+  }
+  void add_in_use(std::uint64_t bytes) {
+    stats.bytes_in_use += bytes;
+    if (stats.bytes_in_use > stats.peak_bytes_in_use) stats.peak_bytes_in_use = stats.bytes_in_use;
+  }
+  void sub_in_use(std::uint64_t bytes) { stats.bytes_in_use -= bytes; }
+};
+
+/// The state of one live or free slice as lookups see it.
+struct slice_view {
+  storage_handle storage;   ///< page id, offset of the slice, requested size
+  std::uint64_t padding = 0;
+  std::uint64_t cursor = 0;
+};
+
+/// Rounds `n` up to a multiple of `align` (align >= 1).
+constexpr std::uint64_t align_up(std::uint64_t n, std::uint64_t align) noexcept {
+  return (n + align - 1) / align * align;
+}
+/// Bytes a slice of `size` occupies: at least one alignment unit, so every allocation, including
+/// a zero-size one, has an address of its own.
+constexpr std::uint64_t slice_extent(std::uint64_t size, std::uint64_t align) noexcept {
+  return align_up(size == 0 ? 1 : size, align);
+}
+
+}  // namespace devrt::memory

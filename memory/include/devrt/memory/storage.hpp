@@ -1,0 +1,124 @@
+// The storage contract: what a device backend (host, sim, cuda) provides to the pools.
+//
+// A backend hands out whole pages (`alloc`), takes them back through a queue (`dealloc` only
+// records the id; `flush` returns queued pages to the driver), and resolves a view of a page to a
+// resource (`get`). Backends satisfy the `storage_backend` concept; the memory manager holds them
+// behind `storage`, a type-erased wrapper, so the core is compiled once for every backend.
+//
+// Threading: a storage object belongs to the thread or strand that owns its memory manager.
+#pragma once
+
+#include <concepts>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <utility>
+
+#include "devrt/memory/error.hpp"
+
+namespace devrt::memory {
+
+/// Identity of one page allocated by a storage backend. 0 is never a valid id.
+using storage_id = std::uint64_t;
+
+/// A view `[offset, offset + size)` of the page `id`.
+struct storage_handle {
+  storage_id id = 0;
+  std::uint64_t offset = 0;
+  std::uint64_t size = 0;
+
+  /// The view with its start moved forward by `n` bytes (`n <= size`).
+  [[nodiscard]] constexpr storage_handle offset_start(std::uint64_t n) const noexcept {
+    return {id, offset + n, size - n};
+  }
+  /// The view with `n` bytes trimmed off its end (`n <= size`).
+  [[nodiscard]] constexpr storage_handle offset_end(std::uint64_t n) const noexcept {
+    return {id, offset, size - n};
+  }
+  friend constexpr bool operator==(const storage_handle&, const storage_handle&) = default;
+};
+
+/// What a resolved view gives to the code that uses the memory.
+struct resource {
+  void* ptr = nullptr;          ///< address of the first byte (nullptr on the sim device)
+  std::uint64_t size = 0;       ///< bytes in the view
+  storage_handle handle;        ///< the view itself
+};
+
+/// Properties of a device that the pool layouts are computed from.
+struct device_properties {
+  std::uint64_t max_page_size = 0;  ///< largest single page the layouts may ask for
+  std::uint64_t alignment = 1;      ///< every slice offset and size is a multiple of this
+  std::uint64_t capacity = 0;       ///< bytes of memory on the device (0: unknown)
+};
+
+/// The contract of a storage backend.
+template <class S>
+concept storage_backend = requires(S& s, const S& cs, std::uint64_t n, storage_id id,
+                                   const storage_handle& h) {
+  { cs.alignment() } -> std::convertible_to<std::uint64_t>;
+  { cs.properties() } -> std::same_as<device_properties>;
+  { s.alloc(n) } -> std::same_as<result<storage_handle>>;
+  { s.dealloc(id) } -> std::same_as<void>;
+  { s.flush() } -> std::same_as<result<void>>;
+  { s.get(h) } -> std::same_as<result<resource>>;
+  { cs.pending_deallocations() } -> std::convertible_to<std::size_t>;
+  { cs.name() } -> std::convertible_to<std::string>;
+};
+
+/// Type-erased storage used by the memory manager. Owns the backend.
+class storage {
+ public:
+  template <storage_backend S>
+  explicit storage(std::unique_ptr<S> backend) : impl_(std::make_unique<model<S>>(std::move(backend))) {}
+
+  template <storage_backend S, class... Args>
+  static storage make(Args&&... args) {
+    return storage(std::make_unique<S>(std::forward<Args>(args)...));
+  }
+
+  [[nodiscard]] std::uint64_t alignment() const { return impl_->alignment(); }
+  [[nodiscard]] device_properties properties() const { return impl_->properties(); }
+  result<storage_handle> alloc(std::uint64_t size) { return impl_->alloc(size); }
+  void dealloc(storage_id id) { impl_->dealloc(id); }
+  result<void> flush() { return impl_->flush(); }
+  [[nodiscard]] result<resource> get(const storage_handle& h) { return impl_->get(h); }
+  [[nodiscard]] std::size_t pending_deallocations() const { return impl_->pending(); }
+  [[nodiscard]] std::string name() const { return impl_->name(); }
+
+  /// The backend, for callers that know its type (tests, device-specific code).
+  template <storage_backend S>
+  [[nodiscard]] S* backend() noexcept {
+    auto* m = dynamic_cast<model<S>*>(impl_.get());
+    return m != nullptr ? m->backend.get() : nullptr;
+  }
+
+ private:
+  struct concept_t {
+    virtual ~concept_t() = default;
+    [[nodiscard]] virtual std::uint64_t alignment() const = 0;
+    [[nodiscard]] virtual device_properties properties() const = 0;
+    virtual result<storage_handle> alloc(std::uint64_t size) = 0;
+    virtual void dealloc(storage_id id) = 0;
+    virtual result<void> flush() = 0;
+    virtual result<resource> get(const storage_handle& h) = 0;
+    [[nodiscard]] virtual std::size_t pending() const = 0;
+    [[nodiscard]] virtual std::string name() const = 0;
+  };
+  template <class S>
+  struct model final : concept_t {
+    explicit model(std::unique_ptr<S> b) : backend(std::move(b)) {}
+    [[nodiscard]] std::uint64_t alignment() const override { return backend->alignment(); }
+    [[nodiscard]] device_properties properties() const override { return backend->properties(); }
+    result<storage_handle> alloc(std::uint64_t size) override { return backend->alloc(size); }
+    void dealloc(storage_id id) override { backend->dealloc(id); }
+    result<void> flush() override { return backend->flush(); }
+    result<resource> get(const storage_handle& h) override { return backend->get(h); }
+    [[nodiscard]] std::size_t pending() const override { return backend->pending_deallocations(); }
+    [[nodiscard]] std::string name() const override { return backend->name(); }
+    std::unique_ptr<S> backend;
+  };
+  std::unique_ptr<concept_t> impl_;
+};
+
+}  // namespace devrt::memory

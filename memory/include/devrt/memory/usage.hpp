@@ -1,0 +1,46 @@
+// Memory usage and statistics of a manager or a pool.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+namespace devrt::memory {
+
+/// A snapshot of what a pool (or a whole manager) holds.
+struct memory_usage {
+  std::uint64_t number_allocs = 0;   ///< live allocations
+  std::uint64_t bytes_in_use = 0;    ///< bytes requested by live allocations
+  std::uint64_t bytes_padding = 0;   ///< alignment padding of live allocations
+  std::uint64_t bytes_reserved = 0;  ///< bytes held from the device
+
+  memory_usage& operator+=(const memory_usage& o) noexcept {
+    number_allocs += o.number_allocs;
+    bytes_in_use += o.bytes_in_use;
+    bytes_padding += o.bytes_padding;
+    bytes_reserved += o.bytes_reserved;
+    return *this;
+  }
+  friend memory_usage operator+(memory_usage a, const memory_usage& b) noexcept { return a += b; }
+  friend bool operator==(const memory_usage&, const memory_usage&) = default;
+
+  /// Multi-line readable report.
+  [[nodiscard]] std::string to_string() const;
+};
+
+/// Running statistics of a manager: current and peak values, and event counts.
+struct memory_statistics {
+  std::uint64_t bytes_reserved = 0;
+  std::uint64_t peak_bytes_reserved = 0;
+  std::uint64_t bytes_in_use = 0;
+  std::uint64_t peak_bytes_in_use = 0;
+  std::uint64_t reserves = 0;            ///< successful reserves
+  std::uint64_t driver_allocs = 0;       ///< pages allocated from the storage
+  std::uint64_t driver_frees = 0;        ///< pages returned to the storage
+  std::uint64_t failed_reserves = 0;     ///< reserves that returned an error
+  std::uint64_t out_of_memory = 0;       ///< storage allocations refused by the device
+  std::uint64_t cleanups = 0;            ///< explicit cleanups run
+
+  [[nodiscard]] std::string to_string() const;
+};
+
+}  // namespace devrt::memory

@@ -1,0 +1,354 @@
+#include "devrt/memory/config.hpp"
+
+#include <algorithm>
+#include <cctype>
+#include <cmath>
+#include <fmt/format.h>
+
+#include "devrt/memory/pool_context.hpp"
+
+namespace devrt::memory {
+
+namespace {
+
+constexpr std::uint64_t kib = 1024;
+constexpr std::uint64_t mib = kib * 1024;
+constexpr std::uint64_t gib = mib * 1024;
+constexpr std::uint64_t tib = gib * 1024;
+
+error layout_error(errc c, std::size_t pool, const char* detail = "") {
+  error e = error::make(c, detail);
+  e.text = fmt::format("pool {}", pool);
+  return e;
+}
+
+std::string_view trim(std::string_view s) {
+  while (!s.empty() && std::isspace(static_cast<unsigned char>(s.front())) != 0) s.remove_prefix(1);
+  while (!s.empty() && std::isspace(static_cast<unsigned char>(s.back())) != 0) s.remove_suffix(1);
+  return s;
+}
+
+std::string lower(std::string_view s) {
+  std::string out(s);
+  std::transform(out.begin(), out.end(), out.begin(), [](unsigned char c) { return std::tolower(c); });
+  return out;
+}
+
+std::vector<pool_options> sub_slices(const device_properties& props) {
+  const std::uint64_t align = std::max<std::uint64_t>(props.alignment, 1);
+  const std::uint64_t max_page = std::max(props.max_page_size, align);
+  std::vector<pool_options> pools;
+  // Zero-size allocations get an exclusive pool of their own.
+  pools.push_back(pool_options{pool_kind::exclusive, 0, 0, std::nullopt, std::nullopt});
+  // A ladder of pages, each a quarter of the next, whose slices are capped at a shrinking
+  // fraction of the page: small requests stay on small pages.
+  std::vector<pool_options> ladder;
+  std::uint64_t current = max_page;
+  unsigned base = 1;
+  while (current >= 32 * mib) {
+    current = align_up(current / 4, align);
+    ladder.push_back(pool_options{pool_kind::sliced, current, current >> base, std::nullopt, std::nullopt});
+    ++base;
+  }
+  std::reverse(ladder.begin(), ladder.end());
+  pools.insert(pools.end(), ladder.begin(), ladder.end());
+  const std::uint64_t last = std::max(max_page / align * align, align);
+  pools.push_back(pool_options{pool_kind::sliced, last, last, std::nullopt, std::nullopt});
+  return pools;
+}
+
+std::vector<pool_options> exclusive_pages(const device_properties& props) {
+  const std::uint64_t align = std::max<std::uint64_t>(props.alignment, 1);
+  const double lo = std::log(static_cast<double>(32 * kib));
+  const double hi = std::log(static_cast<double>(std::max(props.max_page_size, align)));
+  constexpr int buckets = 24;
+  std::vector<pool_options> pools;
+  std::uint64_t previous = 0;
+  for (int i = 0; i < buckets; ++i) {
+    const double p = static_cast<double>(i) / static_cast<double>(buckets - 1);
+    const auto raw = static_cast<std::uint64_t>(std::exp(lo + (hi - lo) * p));
+    const std::uint64_t size = align_up(raw, align);
+    if (i > 0 && size == previous) continue;
+    previous = size;
+    // Larger buckets are checked for idle pages less often.
+    const auto period =
+        static_cast<std::uint64_t>(5000.0 * std::round(1.0 + static_cast<double>(size) / static_cast<double>(gib)));
+    pools.push_back(pool_options{pool_kind::exclusive, 0, size, std::nullopt, period});
+  }
+  return pools;
+}
+
+std::string size_text(std::uint64_t n) {
+  if (n != 0 && n % tib == 0) return fmt::format("{}TiB", n / tib);
+  if (n != 0 && n % gib == 0) return fmt::format("{}GiB", n / gib);
+  if (n != 0 && n % mib == 0) return fmt::format("{}MiB", n / mib);
+  if (n != 0 && n % kib == 0) return fmt::format("{}KiB", n / kib);
+  return fmt::format("{}", n);
+}
+
+error malformed_layout(std::string_view text, const char* why) {
+  error e = error::make(errc::malformed_layout, why);
+  e.text = std::string(text);
+  return e;
+}
+
+result<std::uint64_t> parse_count(std::string_view text, std::string_view whole) {
+  text = trim(text);
+  if (text.empty()) return malformed_layout(whole, "a period needs a number of reserves");
+  std::uint64_t v = 0;
+  for (char c : text) {
+    if (c == '_') continue;
+    if (c < '0' || c > '9') return malformed_layout(whole, "a period is a plain number of reserves");
+    if (v > (UINT64_MAX - 9) / 10) return malformed_layout(whole, "the period is too large");
+    v = v * 10 + static_cast<std::uint64_t>(c - '0');
+  }
+  return v;
+}
+
+}  // namespace
+
+std::vector<pool_options> preset_pools(preset p, const device_properties& props) {
+  return p == preset::sub_slices ? sub_slices(props) : exclusive_pages(props);
+}
+
+result<std::vector<pool_options>> resolve_layout(const memory_layout& layout, const device_properties& props) {
+  if (const auto* p = std::get_if<preset>(&layout.value)) return preset_pools(*p, props);
+  const auto& list = std::get<std::vector<pool_config>>(layout.value);
+  if (list.empty()) return error::make(errc::empty_pool_list);
+  if (list.size() > max_dynamic_pools) {
+    error e = error::make(errc::too_many_pools);
+    e.size = list.size();
+    e.limit = max_dynamic_pools;
+    return e;
+  }
+  const std::uint64_t align = std::max<std::uint64_t>(props.alignment, 1);
+  std::vector<pool_options> out;
+  out.reserve(list.size());
+  for (std::size_t i = 0; i < list.size(); ++i) {
+    if (const auto* x = std::get_if<exclusive_pool_config>(&list[i])) {
+      if (x->dealloc_period && *x->dealloc_period == 0) return layout_error(errc::zero_size, i, "dealloc_period");
+      out.push_back(pool_options{pool_kind::exclusive, 0, align_up(x->max_alloc_size, align), std::nullopt,
+                                 x->dealloc_period});
+      continue;
+    }
+    const auto& s = std::get<sliced_pool_config>(list[i]);
+    if (s.page_size == 0) return layout_error(errc::zero_size, i, "page_size");
+    const std::uint64_t page = align_up(s.page_size, align);
+    if (s.max_slice_size && *s.max_slice_size == 0) return layout_error(errc::zero_size, i, "max_slice_size");
+    const std::uint64_t slice = s.max_slice_size ? align_up(*s.max_slice_size, align) : page;
+    if (slice > page) {
+      error e = layout_error(errc::slice_larger_than_page, i);
+      e.size = slice;
+      e.limit = page;
+      return e;
+    }
+    if (s.max_pool_size) {
+      const std::uint64_t cap = *s.max_pool_size;
+      if (cap == 0) return layout_error(errc::zero_size, i, "max_pool_size");
+      if (cap < page) {
+        error e = layout_error(errc::cap_smaller_than_page, i);
+        e.size = cap;
+        e.limit = page;
+        return e;
+      }
+      if (cap / page > max_pages_per_pool) {
+        error e = layout_error(errc::too_many_pages, i);
+        e.size = cap / page;
+        e.limit = max_pages_per_pool;
+        return e;
+      }
+    }
+    if (s.dealloc_period && *s.dealloc_period == 0) return layout_error(errc::zero_size, i, "dealloc_period");
+    out.push_back(pool_options{pool_kind::sliced, page, slice, s.max_pool_size, s.dealloc_period});
+  }
+  return out;
+}
+
+result<std::uint64_t> parse_size(std::string_view text) {
+  const std::string_view whole = text;
+  auto fail = [&](const char* why) {
+    error e = error::make(errc::malformed_size, why);
+    e.text = std::string(whole);
+    return e;
+  };
+  text = trim(text);
+  if (text.empty()) return fail("the size is empty");
+  std::uint64_t integer = 0;
+  std::size_t i = 0;
+  bool digits = false;
+  for (; i < text.size(); ++i) {
+    const char c = text[i];
+    if (c == '_') continue;
+    if (c < '0' || c > '9') break;
+    digits = true;
+    if (integer > (UINT64_MAX - 9) / 10) return fail("the number is too large");
+    integer = integer * 10 + static_cast<std::uint64_t>(c - '0');
+  }
+  if (!digits) {
+    if (!text.empty() && text[0] == '-') return fail("a size cannot be negative");
+    return fail("it does not start with a number");
+  }
+  long double fraction = 0;
+  bool has_fraction = false;
+  if (i < text.size() && text[i] == '.') {
+    has_fraction = true;
+    ++i;
+    long double scale = 0.1L;
+    bool fraction_digits = false;
+    for (; i < text.size() && ((text[i] >= '0' && text[i] <= '9') || text[i] == '_'); ++i) {
+      if (text[i] == '_') continue;
+      fraction += scale * static_cast<long double>(text[i] - '0');
+      scale /= 10;
+      fraction_digits = true;
+    }
+    if (!fraction_digits) return fail("a digit must follow the decimal point");
+  }
+  const std::string unit = lower(trim(text.substr(i)));
+  std::uint64_t mult = 0;
+  if (unit.empty() || unit == "b") {
+    mult = 1;
+  } else if (unit == "k" || unit == "kb" || unit == "kib") {
+    mult = kib;
+  } else if (unit == "m" || unit == "mb" || unit == "mib") {
+    mult = mib;
+  } else if (unit == "g" || unit == "gb" || unit == "gib") {
+    mult = gib;
+  } else if (unit == "t" || unit == "tb" || unit == "tib") {
+    mult = tib;
+  } else {
+    return fail("unknown unit (use B, KiB, MiB, GiB or TiB)");
+  }
+  if (has_fraction && mult == 1) return fail("a fraction of a byte is not a size");
+  if (integer > UINT64_MAX / mult) return fail("the size does not fit in 64 bits");
+  const std::uint64_t base = integer * mult;
+  const auto extra = static_cast<std::uint64_t>(fraction * static_cast<long double>(mult));
+  if (extra > UINT64_MAX - base) return fail("the size does not fit in 64 bits");
+  return base + extra;
+}
+
+std::string format_bytes(std::uint64_t bytes) {
+  if (bytes < kib) return fmt::format("{} B", bytes);
+  static constexpr const char* units[] = {"KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};
+  auto value = static_cast<double>(bytes) / 1024.0;
+  std::size_t u = 0;
+  while (value >= 1024.0 && u + 1 < std::size(units)) {
+    value /= 1024.0;
+    ++u;
+  }
+  return fmt::format("{:.2f} {}", value, units[u]);
+}
+
+result<memory_layout> parse_layout(std::string_view text) {
+  const std::string_view whole = trim(text);
+  if (whole.empty()) return malformed_layout(text, "the layout is empty; use a preset or a list of pools");
+  const std::string name = lower(whole);
+  if (name == "sub-slices" || name == "subslices" || name == "sub_slices") return memory_layout(preset::sub_slices);
+  if (name == "exclusive-pages" || name == "exclusive_pages" || name == "exclusivepages") {
+    return memory_layout(preset::exclusive_pages);
+  }
+  std::vector<pool_config> pools;
+  std::string_view rest = whole;
+  while (!rest.empty()) {
+    const std::size_t semi = rest.find(';');
+    const std::string_view part = trim(rest.substr(0, semi));
+    rest = semi == std::string_view::npos ? std::string_view() : rest.substr(semi + 1);
+    if (part.empty()) continue;
+    const std::size_t colon = part.find(':');
+    if (colon == std::string_view::npos) {
+      return malformed_layout(part, "expected 'sliced:key=value,...' or 'exclusive:key=value,...' or a preset "
+                                    "(sub-slices, exclusive-pages)");
+    }
+    const std::string kind = lower(trim(part.substr(0, colon)));
+    const bool sliced = kind == "sliced";
+    if (!sliced && kind != "exclusive") return malformed_layout(part, "unknown pool kind (use sliced or exclusive)");
+    sliced_pool_config s;
+    exclusive_pool_config x;
+    bool has_main = false;
+    std::string_view keys = part.substr(colon + 1);
+    while (!keys.empty()) {
+      const std::size_t comma = keys.find(',');
+      const std::string_view kv = trim(keys.substr(0, comma));
+      keys = comma == std::string_view::npos ? std::string_view() : keys.substr(comma + 1);
+      if (kv.empty()) continue;
+      const std::size_t eq = kv.find('=');
+      if (eq == std::string_view::npos) return malformed_layout(kv, "expected key=value");
+      const std::string key = lower(trim(kv.substr(0, eq)));
+      const std::string_view val = trim(kv.substr(eq + 1));
+      if (key == "period") {
+        auto p = parse_count(val, kv);
+        if (!p) return std::move(p).err();
+        (sliced ? s.dealloc_period : x.dealloc_period) = *p;
+        continue;
+      }
+      auto size = parse_size(val);
+      if (!size) return std::move(size).err();
+      if (sliced && key == "page") {
+        s.page_size = *size;
+        has_main = true;
+      } else if (sliced && key == "slice") {
+        s.max_slice_size = *size;
+      } else if (sliced && key == "cap") {
+        s.max_pool_size = *size;
+      } else if (!sliced && key == "max") {
+        x.max_alloc_size = *size;
+        has_main = true;
+      } else {
+        return malformed_layout(kv, sliced ? "unknown key for a sliced pool (use page, slice, cap, period)"
+                                           : "unknown key for an exclusive pool (use max, period)");
+      }
+    }
+    if (!has_main) return malformed_layout(part, sliced ? "a sliced pool needs page=SIZE" : "an exclusive pool needs max=SIZE");
+    if (sliced) {
+      pools.emplace_back(s);
+    } else {
+      pools.emplace_back(x);
+    }
+  }
+  if (pools.empty()) return malformed_layout(text, "no pool given");
+  return memory_layout(std::move(pools));
+}
+
+std::string to_string(const memory_layout& layout) {
+  if (const auto* p = std::get_if<preset>(&layout.value)) return to_string(*p);
+  std::string out;
+  for (const auto& pc : std::get<std::vector<pool_config>>(layout.value)) {
+    if (!out.empty()) out += ';';
+    if (const auto* x = std::get_if<exclusive_pool_config>(&pc)) {
+      out += fmt::format("exclusive:max={}", size_text(x->max_alloc_size));
+      if (x->dealloc_period) out += fmt::format(",period={}", *x->dealloc_period);
+    } else {
+      const auto& s = std::get<sliced_pool_config>(pc);
+      out += fmt::format("sliced:page={}", size_text(s.page_size));
+      if (s.max_slice_size) out += fmt::format(",slice={}", size_text(*s.max_slice_size));
+      if (s.max_pool_size) out += fmt::format(",cap={}", size_text(*s.max_pool_size));
+      if (s.dealloc_period) out += fmt::format(",period={}", *s.dealloc_period);
+    }
+  }
+  return out;
+}
+
+result<persistent_policy> parse_persistent_policy(std::string_view text) {
+  const std::string v = lower(trim(text));
+  if (v == "enabled") return persistent_policy::enabled;
+  if (v == "size-match" || v == "size_match") return persistent_policy::size_match;
+  if (v == "disabled") return persistent_policy::disabled;
+  if (v == "enforced") return persistent_policy::enforced;
+  error e = error::make(errc::malformed_config, "the persistent memory policy is one of enabled, size-match, "
+                                                "disabled, enforced");
+  e.text = std::string(text);
+  return e;
+}
+
+const char* to_string(persistent_policy p) noexcept {
+  switch (p) {
+    case persistent_policy::enabled: return "enabled";
+    case persistent_policy::size_match: return "size-match";
+    case persistent_policy::disabled: return "disabled";
+    case persistent_policy::enforced: return "enforced";
+  }
+  return "enabled";
+}
+
+const char* to_string(preset p) noexcept { return p == preset::sub_slices ? "sub-slices" : "exclusive-pages"; }
+
+}  // namespace devrt::memory

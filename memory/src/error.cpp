@@ -1,0 +1,101 @@
+#include "devrt/memory/error.hpp"
+
+#include <fmt/format.h>
+
+namespace devrt {
+
+const char* to_string(errc c) noexcept {
+  switch (c) {
+    case errc::ok: return "ok";
+    case errc::not_found: return "not_found";
+    case errc::already_bound: return "already_bound";
+    case errc::invalid_argument: return "invalid_argument";
+    case errc::buffer_too_big: return "buffer_too_big";
+    case errc::pool_capacity_exceeded: return "pool_capacity_exceeded";
+    case errc::out_of_memory: return "out_of_memory";
+    case errc::empty_pool_list: return "empty_pool_list";
+    case errc::zero_size: return "zero_size";
+    case errc::slice_larger_than_page: return "slice_larger_than_page";
+    case errc::cap_smaller_than_page: return "cap_smaller_than_page";
+    case errc::too_many_pages: return "too_many_pages";
+    case errc::too_many_pools: return "too_many_pools";
+    case errc::malformed_size: return "malformed_size";
+    case errc::malformed_layout: return "malformed_layout";
+    case errc::malformed_config: return "malformed_config";
+    case errc::capture_active: return "capture_active";
+    case errc::no_capture: return "no_capture";
+    case errc::shutdown: return "shutdown";
+    case errc::device_error: return "device_error";
+  }
+  return "unknown";
+}
+
+std::string error::message() const {
+  const std::string where = text.empty() ? std::string() : fmt::format(" ({})", text);
+  switch (code) {
+    case errc::ok: return "no error";
+    case errc::not_found:
+      return fmt::format("memory not found: {}; the handle may be stale (replaced by bind), never bound, or from "
+                         "another device",
+                         detail);
+    case errc::already_bound:
+      return fmt::format("{}: bind needs a fresh handle from memory_handle::make()", detail);
+    case errc::invalid_argument:
+      if (size != 0 || limit != 0) return fmt::format("invalid argument: {} ({} > {})", detail, size, limit);
+      return fmt::format("invalid argument: {}", detail);
+    case errc::buffer_too_big:
+      return fmt::format("cannot allocate {} bytes: no pool of the layout accepts this size (the largest pool "
+                         "takes {} bytes); use a layout with a larger pool",
+                         size, limit);
+    case errc::pool_capacity_exceeded:
+      return fmt::format("pool capacity exceeded: failed to reserve {} bytes, the pool is capped at {} bytes with {} "
+                         "bytes in use; free memory and retry, or raise max_pool_size",
+                         size, limit, in_use);
+    case errc::out_of_memory:
+      return fmt::format("out of device memory: the device refused {} bytes{} ({} bytes held by devrt, device "
+                         "capacity {}); free memory, run an explicit cleanup and retry",
+                         size, detail[0] != '\0' ? fmt::format(" [{}]", detail) : std::string(), in_use, limit);
+    case errc::empty_pool_list: return "invalid layout: the pool list is empty";
+    case errc::zero_size: return fmt::format("invalid layout{}: `{}` must be non-zero", where, detail);
+    case errc::slice_larger_than_page:
+      return fmt::format("invalid layout{}: max_slice_size ({} bytes) is larger than page_size ({} bytes)", where,
+                         size, limit);
+    case errc::cap_smaller_than_page:
+      return fmt::format("invalid layout{}: max_pool_size ({} bytes) is smaller than page_size ({} bytes); a capped "
+                         "pool holds whole pages",
+                         where, size, limit);
+    case errc::too_many_pages:
+      return fmt::format("invalid layout{}: max_pool_size allows {} pages, more than the {} one pool can hold; use "
+                         "larger pages",
+                         where, size, limit);
+    case errc::too_many_pools:
+      return fmt::format("invalid layout: {} pools given, at most {} are supported", size, limit);
+    case errc::malformed_size:
+      return fmt::format("malformed size '{}': {}; write a number of bytes such as 4096, 64MiB or 1.5GiB", text,
+                         detail);
+    case errc::malformed_layout: return fmt::format("malformed layout '{}': {}", text, detail);
+    case errc::malformed_config: return fmt::format("malformed configuration '{}': {}", text, detail);
+    case errc::capture_active: return fmt::format("not allowed during a capture: {}", detail);
+    case errc::no_capture: return fmt::format("no capture window is open: {}", detail);
+    case errc::shutdown: return fmt::format("the runtime is shut down: {}", detail);
+    case errc::device_error: return fmt::format("device error: {}{}", detail, where);
+  }
+  return "unknown devrt error";
+}
+
+namespace {
+class category final : public std::error_category {
+ public:
+  [[nodiscard]] const char* name() const noexcept override { return "devrt"; }
+  [[nodiscard]] std::string message(int ev) const override {
+    return error::make(static_cast<errc>(ev)).message();
+  }
+};
+}  // namespace
+
+const std::error_category& error_category() noexcept {
+  static const category instance;
+  return instance;
+}
+
+}  // namespace devrt

@@ -1,0 +1,32 @@
+#include "devrt/memory/usage.hpp"
+
+#include <fmt/format.h>
+
+#include "devrt/memory/config.hpp"
+
+namespace devrt::memory {
+
+namespace {
+double percent(std::uint64_t part, std::uint64_t whole) {
+  return whole == 0 ? 0.0 : 100.0 * static_cast<double>(part) / static_cast<double>(whole);
+}
+}  // namespace
+
+std::string memory_usage::to_string() const {
+  return fmt::format(
+      "usage: {} allocations, {} in use, {} padding, {} reserved ({:.2f}% of reserved in use, padding {:.2f}% of "
+      "in use)\n",
+      number_allocs, format_bytes(bytes_in_use), format_bytes(bytes_padding), format_bytes(bytes_reserved),
+      percent(bytes_in_use, bytes_reserved), percent(bytes_padding, bytes_in_use));
+}
+
+std::string memory_statistics::to_string() const {
+  return fmt::format(
+      "statistics: reserved {} (peak {}), in use {} (peak {}), {} reserves ({} failed), {} driver allocations, {} "
+      "driver frees, {} out-of-memory, {} explicit cleanups\n",
+      format_bytes(bytes_reserved), format_bytes(peak_bytes_reserved), format_bytes(bytes_in_use),
+      format_bytes(peak_bytes_in_use), reserves, failed_reserves, driver_allocs, driver_frees, out_of_memory,
+      cleanups);
+}
+
+}  // namespace devrt::memory
