@@ -2,7 +2,8 @@
 function(devrt_set_warnings target)
   target_compile_options(${target} PRIVATE -Wall -Wextra -Wpedantic -Wshadow -Wnon-virtual-dtor
                                            -Wold-style-cast -Wcast-align -Wunused -Woverloaded-virtual
-                                           -Wnull-dereference -Wdouble-promotion -Wformat=2)
+                                           -Wdouble-promotion -Wformat=2
+                                           -Wno-missing-field-initializers)
   if(DEVRT_WARNINGS_AS_ERRORS)
     target_compile_options(${target} PRIVATE -Werror)
   endif()

@@ -86,4 +86,18 @@ result<memory::resource> host_storage::get(const memory::storage_handle& h) {
   return memory::resource{static_cast<std::byte*>(it->second.ptr) + h.offset, h.size, h};
 }
 
+result<void> host_storage::write(const memory::storage_handle& h, const void* src) {
+  auto r = get(h);
+  if (!r) return std::move(r).err();
+  if (h.size != 0) std::memcpy(r->ptr, src, h.size);
+  return {};
+}
+
+result<void> host_storage::read(const memory::storage_handle& h, void* dst) {
+  auto r = get(h);
+  if (!r) return std::move(r).err();
+  if (h.size != 0) std::memcpy(dst, r->ptr, h.size);
+  return {};
+}
+
 }  // namespace devrt::devices

@@ -70,4 +70,16 @@ result<memory::resource> sim_storage::get(const memory::storage_handle& h) {
   return memory::resource{nullptr, h.size, h};
 }
 
+result<void> sim_storage::write(const memory::storage_handle& h, const void* /*src*/) {
+  auto r = get(h);
+  if (!r) return std::move(r).err();
+  return error::make(errc::invalid_argument, "the simulated device has no memory to write to");
+}
+
+result<void> sim_storage::read(const memory::storage_handle& h, void* /*dst*/) {
+  auto r = get(h);
+  if (!r) return std::move(r).err();
+  return error::make(errc::invalid_argument, "the simulated device has no memory to read from");
+}
+
 }  // namespace devrt::devices

@@ -26,6 +26,7 @@ const char* to_string(errc c) noexcept {
     case errc::no_capture: return "no_capture";
     case errc::shutdown: return "shutdown";
     case errc::device_error: return "device_error";
+    case errc::task_failed: return "task_failed";
   }
   return "unknown";
 }
@@ -79,23 +80,9 @@ std::string error::message() const {
     case errc::no_capture: return fmt::format("no capture window is open: {}", detail);
     case errc::shutdown: return fmt::format("the runtime is shut down: {}", detail);
     case errc::device_error: return fmt::format("device error: {}{}", detail, where);
+    case errc::task_failed: return fmt::format("a submitted task failed: {}{}", detail, where);
   }
   return "unknown devrt error";
-}
-
-namespace {
-class category final : public std::error_category {
- public:
-  [[nodiscard]] const char* name() const noexcept override { return "devrt"; }
-  [[nodiscard]] std::string message(int ev) const override {
-    return error::make(static_cast<errc>(ev)).message();
-  }
-};
-}  // namespace
-
-const std::error_category& error_category() noexcept {
-  static const category instance;
-  return instance;
 }
 
 }  // namespace devrt

@@ -266,6 +266,11 @@ result<void> memory_manager::cleanup(bool explicit_cleanup) {
   return {};
 }
 
+result<void> memory_manager::reclaim() {
+  ++stats_.reclaims;
+  return cleanup(true);
+}
+
 result<void> memory_manager::flush() {
   if (store_.pending_deallocations() == 0) return {};
   auto r = store_.flush();

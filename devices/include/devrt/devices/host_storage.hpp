@@ -40,6 +40,8 @@ class host_storage {
   /// The pointer and size of a view. Errors: not_found (unknown page), invalid_argument (the view
   /// is outside the page).
   [[nodiscard]] result<memory::resource> get(const memory::storage_handle& h);
+  result<void> write(const memory::storage_handle& h, const void* src);
+  result<void> read(const memory::storage_handle& h, void* dst);
   [[nodiscard]] std::size_t pending_deallocations() const noexcept { return pending_.size(); }
   [[nodiscard]] std::string name() const { return "host"; }
 

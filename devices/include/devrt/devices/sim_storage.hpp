@@ -36,6 +36,8 @@ class sim_storage {
   result<void> flush();
   /// A resource with no pointer. Errors: not_found, invalid_argument.
   [[nodiscard]] result<memory::resource> get(const memory::storage_handle& h);
+  result<void> write(const memory::storage_handle& h, const void* src);
+  result<void> read(const memory::storage_handle& h, void* dst);
   [[nodiscard]] std::size_t pending_deallocations() const noexcept { return pending_.size(); }
   [[nodiscard]] std::string name() const { return opts_.name; }
 

@@ -8,14 +8,13 @@
 #include <cstdint>
 #include <stdexcept>
 #include <string>
-#include <system_error>
 #include <utility>
 #include <variant>
 
 namespace devrt {
 
-/// Error kinds. The numeric values are stable: they are also the values of `std::error_code`s in
-/// `devrt::error_category()`.
+/// Error kinds. The numeric values are stable: they are also the values of the error codes that
+/// the runtime's asynchronous operations complete with (see devrt/runtime/error.hpp).
 enum class errc : int {
   ok = 0,
   // Lookup and use of handles.
@@ -41,6 +40,7 @@ enum class errc : int {
   no_capture = 31,      ///< capture_end without capture_begin
   shutdown = 32,        ///< the runtime is shutting down or gone
   device_error = 40,    ///< the storage backend failed (driver error, failed flush)
+  task_failed = 41,     ///< a function submitted to a device threw
 };
 
 /// Whether an error kind means the layout or configuration given was invalid.
@@ -76,13 +76,6 @@ struct error {
     return e;
   }
 };
-
-/// The std::error_category of devrt errors (name "devrt").
-const std::error_category& error_category() noexcept;
-
-inline std::error_code make_error_code(errc c) noexcept {
-  return {static_cast<int>(c), error_category()};
-}
 
 /// Exception thrown at API boundaries that throw (e.g. `result<T>::value()`).
 class exception : public std::runtime_error {
@@ -155,6 +148,3 @@ class [[nodiscard]] result<void> {
 };
 
 }  // namespace devrt
-
-template <>
-struct std::is_error_code_enum<devrt::errc> : std::true_type {};

@@ -86,6 +86,8 @@ class memory_manager {
   result<void> cleanup(bool explicit_cleanup);
   /// Pushes queued deallocations to the device.
   result<void> flush();
+  /// An explicit cleanup after an out-of-memory error, counted as a reclaim, before one retry.
+  result<void> reclaim();
 
   /// Replaces the dynamic pools by those of `layout` if none of their slices is live (after an
   /// explicit cleanup). The persistent pool, the mode and the policy are kept. Errors: any layout

@@ -62,6 +62,8 @@ concept storage_backend = requires(S& s, const S& cs, std::uint64_t n, storage_i
   { s.dealloc(id) } -> std::same_as<void>;
   { s.flush() } -> std::same_as<result<void>>;
   { s.get(h) } -> std::same_as<result<resource>>;
+  { s.write(h, static_cast<const void*>(nullptr)) } -> std::same_as<result<void>>;
+  { s.read(h, static_cast<void*>(nullptr)) } -> std::same_as<result<void>>;
   { cs.pending_deallocations() } -> std::convertible_to<std::size_t>;
   { cs.name() } -> std::convertible_to<std::string>;
 };
@@ -83,6 +85,10 @@ class storage {
   void dealloc(storage_id id) { impl_->dealloc(id); }
   result<void> flush() { return impl_->flush(); }
   [[nodiscard]] result<resource> get(const storage_handle& h) { return impl_->get(h); }
+  /// Copies `h.size` bytes from `src` into the view (stream-ordered on devices with streams).
+  result<void> write(const storage_handle& h, const void* src) { return impl_->write(h, src); }
+  /// Copies the view's bytes into `dst`; complete when it returns.
+  result<void> read(const storage_handle& h, void* dst) { return impl_->read(h, dst); }
   [[nodiscard]] std::size_t pending_deallocations() const { return impl_->pending(); }
   [[nodiscard]] std::string name() const { return impl_->name(); }
 
@@ -102,6 +108,8 @@ class storage {
     virtual void dealloc(storage_id id) = 0;
     virtual result<void> flush() = 0;
     virtual result<resource> get(const storage_handle& h) = 0;
+    virtual result<void> write(const storage_handle& h, const void* src) = 0;
+    virtual result<void> read(const storage_handle& h, void* dst) = 0;
     [[nodiscard]] virtual std::size_t pending() const = 0;
     [[nodiscard]] virtual std::string name() const = 0;
   };
@@ -114,6 +122,8 @@ class storage {
     void dealloc(storage_id id) override { backend->dealloc(id); }
     result<void> flush() override { return backend->flush(); }
     result<resource> get(const storage_handle& h) override { return backend->get(h); }
+    result<void> write(const storage_handle& h, const void* src) override { return backend->write(h, src); }
+    result<void> read(const storage_handle& h, void* dst) override { return backend->read(h, dst); }
     [[nodiscard]] std::size_t pending() const override { return backend->pending_deallocations(); }
     [[nodiscard]] std::string name() const override { return backend->name(); }
     std::unique_ptr<S> backend;

@@ -39,6 +39,7 @@ struct memory_statistics {
   std::uint64_t failed_reserves = 0;     ///< reserves that returned an error
   std::uint64_t out_of_memory = 0;       ///< storage allocations refused by the device
   std::uint64_t cleanups = 0;            ///< explicit cleanups run
+  std::uint64_t reclaims = 0;            ///< cleanups forced by an out-of-memory before a retry
 
   [[nodiscard]] std::string to_string() const;
 };
