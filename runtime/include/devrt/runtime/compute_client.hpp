@@ -1,0 +1,331 @@
+// The client of one device: cheap to copy, safe to use from any thread.
+//
+// Every asynchronous operation takes an Asio completion token (default: `use_future`) and
+// completes with `boost::system::error_code` first:
+//
+//     auto h = client.reserve(1 << 20).get();                       // future; throws system_error
+//     client.reserve(1 << 20, [](error_code ec, memory_handle h) {...});   // callback
+//     auto h = co_await client.reserve(1 << 20, asio::use_awaitable);      // coroutine
+//
+// Ordering: messages posted by one thread run on the device strand in the order posted, so
+// `create(size)` returns a handle at once and later operations from the same thread that use it
+// see it bound. Completions run on the handler's associated executor (a future's, a coroutine's,
+// or else the runtime's completion threads), never inline in the caller and never on the strand.
+//
+// Handles returned are reference-counted; dropping the last copy (from any thread) frees the
+// memory without a message.
+#pragma once
+
+#include <boost/asio/associated_executor.hpp>
+#include <boost/asio/async_result.hpp>
+#include <boost/asio/dispatch.hpp>
+#include <boost/asio/execution/outstanding_work.hpp>
+#include <boost/asio/post.hpp>
+#include <boost/asio/prefer.hpp>
+#include <boost/asio/use_future.hpp>
+#include <cstddef>
+#include <exception>
+#include <memory>
+#include <span>
+#include <string>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "devrt/memory/config.hpp"
+#include "devrt/memory/handle.hpp"
+#include "devrt/memory/storage.hpp"
+#include "devrt/memory/usage.hpp"
+#include "devrt/runtime/device_actor.hpp"
+#include "devrt/runtime/error.hpp"
+
+namespace devrt::runtime {
+
+using boost::system::error_code;
+using memory::memory_binding;
+using memory::memory_handle;
+
+/// What a function given to `submit` receives, on the device strand.
+struct submit_context {
+  const device_info& device;
+  std::span<const memory::resource> resources;  ///< one per binding given, in order
+};
+
+namespace detail {
+
+template <class R>
+struct signature {
+  using type = void(error_code, R);
+};
+template <>
+struct signature<void> {
+  using type = void(error_code);
+};
+
+template <class R, class Body>
+result<R> invoke_body(Body& body, actor_core& core) noexcept {
+  try {
+    return body(core);
+  } catch (const devrt::exception& e) {
+    return e.err();
+  } catch (const std::exception& e) {
+    error x = error::make(errc::task_failed, "the function threw");
+    x.text = e.what();
+    return x;
+  } catch (...) {
+    return error::make(errc::task_failed, "the function threw a non-standard exception");
+  }
+}
+
+/// Completes `handler` with `r` on its executor (kept busy by `work` until then).
+template <class R, class Handler, class Work>
+void complete(Handler& handler, Work& work, result<R> r) {
+  const error_code ec = r ? error_code() : to_error_code(r.err());
+  if constexpr (std::is_void_v<R>) {
+    boost::asio::dispatch(work, [h = std::move(handler), ec]() mutable { std::move(h)(ec); });
+  } else {
+    R value = r ? std::move(*r) : R{};
+    boost::asio::dispatch(work, [h = std::move(handler), ec, v = std::move(value)]() mutable {
+      std::move(h)(ec, std::move(v));
+    });
+  }
+}
+
+}  // namespace detail
+
+class persistent_scope;
+
+class compute_client {
+ public:
+  using default_token = boost::asio::use_future_t<>;
+
+  compute_client() = default;
+  explicit compute_client(std::shared_ptr<device_actor> actor) : actor_(std::move(actor)) {}
+
+  [[nodiscard]] const device_info& device() const { return actor_->info(); }
+  [[nodiscard]] bool valid() const noexcept { return actor_ != nullptr; }
+  [[nodiscard]] const std::shared_ptr<device_actor>& actor() const noexcept { return actor_; }
+
+  /// Runs `body(actor_core&) -> result<R>` on the strand and completes the token with its result.
+  /// The building block of every operation below.
+  template <class R, class Token, class Body>
+  auto async_run(Body&& body, Token&& token) const {
+    return boost::asio::async_initiate<Token, typename detail::signature<R>::type>(
+        [](auto handler, std::shared_ptr<device_actor> actor, std::decay_t<Body> b) {
+          auto ex = boost::asio::get_associated_executor(handler, actor->completion_executor());
+          auto work = boost::asio::prefer(ex, boost::asio::execution::outstanding_work.tracked);
+          actor->post(message(
+              [h = std::move(handler), b = std::move(b), w = std::move(work)](actor_core* core, const error* e) mutable {
+                if (core != nullptr) {
+                  detail::complete<R>(h, w, detail::invoke_body<R>(b, *core));
+                } else {
+                  detail::complete<R>(h, w, result<R>(*e));
+                }
+              }));
+        },
+        token, actor_, std::forward<Body>(body));
+  }
+
+  /// Completes the token with an error without visiting the strand (validation on the caller's
+  /// side). Completes through the handler's executor, never inline.
+  template <class R, class Token>
+  auto async_fail(error e, Token&& token) const {
+    return boost::asio::async_initiate<Token, typename detail::signature<R>::type>(
+        [](auto handler, std::shared_ptr<device_actor> actor, error err) {
+          auto ex = boost::asio::get_associated_executor(handler, actor->completion_executor());
+          auto work = boost::asio::prefer(ex, boost::asio::execution::outstanding_work.tracked);
+          const error_code ec = to_error_code(err);
+          boost::asio::post(work, [h = std::move(handler), ec]() mutable {
+            if constexpr (std::is_void_v<R>) {
+              std::move(h)(ec);
+            } else {
+              std::move(h)(ec, R{});
+            }
+          });
+        },
+        token, actor_, std::move(e));
+  }
+
+  /// Reserves `size` bytes; on out-of-memory the actor reclaims once and retries.
+  template <class Token = default_token>
+  auto reserve(std::uint64_t size, Token&& token = {}) const {
+    return async_run<memory_handle>([size](actor_core& c) { return c.reserve(size); }, std::forward<Token>(token));
+  }
+
+  /// A handle at once; its memory is reserved and bound on the strand, in order with this
+  /// thread's later messages. If that fails, later operations on the handle report the failure.
+  [[nodiscard]] memory_handle create(std::uint64_t size) const {
+    memory_handle h = memory_handle::make();
+    actor_->post(message([size, h](actor_core* core, const error*) {
+      if (core != nullptr) core->create(size, h);
+    }));
+    return h;
+  }
+
+  /// Gives the memory of `reserved` to `assigned` (a fresh `memory_handle::make()`).
+  template <class Token = default_token>
+  auto bind(memory_handle reserved, memory_handle assigned, Token&& token = {}) const {
+    return async_run<void>(
+        [r = std::move(reserved), a = std::move(assigned)](actor_core& c) mutable {
+          return c.manager().bind(std::move(r), a);
+        },
+        std::forward<Token>(token));
+  }
+
+  /// The resource (pointer, size) of an allocation, optionally trimmed at either end.
+  template <class Token = default_token>
+  auto get_resource(memory_binding b, Token&& token = {}, std::optional<std::uint64_t> offset_start = {},
+                    std::optional<std::uint64_t> offset_end = {}) const {
+    return async_run<memory::resource>(
+        [b = std::move(b), offset_start, offset_end](actor_core& c) {
+          return c.get_resource(b, offset_start, offset_end);
+        },
+        std::forward<Token>(token));
+  }
+
+  /// Copies `bytes` into the start of the allocation (stream-ordered on CUDA).
+  template <class Token = default_token>
+  auto write(memory_binding b, std::vector<std::byte> bytes, Token&& token = {}) const {
+    return async_run<void>(
+        [b = std::move(b), data = std::move(bytes)](actor_core& c) { return c.write(b, data.data(), data.size()); },
+        std::forward<Token>(token));
+  }
+
+  /// The bytes of the allocation.
+  template <class Token = default_token>
+  auto read(memory_binding b, Token&& token = {}) const {
+    return async_run<std::vector<std::byte>>(
+        [b = std::move(b)](actor_core& c) -> result<std::vector<std::byte>> {
+          auto size = c.size_of(b);
+          if (!size) return std::move(size).err();
+          std::vector<std::byte> out(*size);
+          if (auto r = c.read(b, out.data(), out.size()); !r) return std::move(r).err();
+          return out;
+        },
+        std::forward<Token>(token));
+  }
+
+  /// Runs `fn(submit_context&)` on the device strand with the bindings resolved to resources, and
+  /// completes with its return value (which must be default-constructible, or void). An exception
+  /// from `fn` completes the operation with errc::task_failed.
+  template <class F, class Token = default_token>
+  auto submit(std::vector<memory_binding> bindings, F fn, Token&& token = {}) const {
+    using R = std::invoke_result_t<F&, submit_context&>;
+    return async_run<R>(
+        [bs = std::move(bindings), f = std::move(fn)](actor_core& c) mutable -> result<R> {
+          std::vector<memory::resource> resources;
+          resources.reserve(bs.size());
+          for (const auto& b : bs) {
+            auto r = c.get_resource(b);
+            if (!r) return std::move(r).err();
+            resources.push_back(*r);
+          }
+          submit_context ctx{c.info(), resources};
+          if constexpr (std::is_void_v<R>) {
+            f(ctx);
+            return {};
+          } else {
+            return f(ctx);
+          }
+        },
+        std::forward<Token>(token));
+  }
+
+  /// Explicit cleanup: returns unused pages to the device and flushes.
+  template <class Token = default_token>
+  auto cleanup(Token&& token = {}) const {
+    return async_run<void>([](actor_core& c) { return c.manager().cleanup(true); }, std::forward<Token>(token));
+  }
+
+  /// Replaces the dynamic pools when none of their memory is live. The layout is validated here,
+  /// on the caller's side: an invalid layout fails at once with the validation error.
+  template <class Token = default_token>
+  auto configure(const memory::memory_layout& layout, Token&& token = {}) const {
+    auto resolved = memory::resolve_layout(layout, actor_->info().properties);
+    if (!resolved) return async_fail<memory::configure_outcome>(std::move(resolved).err(), std::forward<Token>(token));
+    return async_run<memory::configure_outcome>([layout](actor_core& c) { return c.manager().configure(layout); },
+                                                std::forward<Token>(token));
+  }
+
+  template <class Token = default_token>
+  auto memory_usage(Token&& token = {}) const {
+    return async_run<memory::memory_usage>(
+        [](actor_core& c) { return result<memory::memory_usage>(c.manager().usage()); }, std::forward<Token>(token));
+  }
+
+  template <class Token = default_token>
+  auto statistics(Token&& token = {}) const {
+    return async_run<memory::memory_statistics>(
+        [](actor_core& c) {
+          c.manager().process_releases();
+          return result<memory::memory_statistics>(c.manager().statistics());
+        },
+        std::forward<Token>(token));
+  }
+
+  /// The manager's readable report.
+  template <class Token = default_token>
+  auto report(Token&& token = {}) const {
+    return async_run<std::string>([](actor_core& c) { return result<std::string>(c.manager().report()); },
+                                  std::forward<Token>(token));
+  }
+
+  /// The manager's consistency check: empty when consistent.
+  template <class Token = default_token>
+  auto check_invariants(Token&& token = {}) const {
+    return async_run<std::string>([](actor_core& c) { return result<std::string>(c.manager().check_invariants()); },
+                                  std::forward<Token>(token));
+  }
+
+  template <class Token = default_token>
+  auto capture_begin(Token&& token = {}) const {
+    return async_run<void>(
+        [](actor_core& c) {
+          c.manager().capture_begin();
+          return result<void>();
+        },
+        std::forward<Token>(token));
+  }
+
+  /// Closes the capture window; the handles pin the persistent memory the window touched.
+  template <class Token = default_token>
+  auto capture_end(Token&& token = {}) const {
+    return async_run<std::vector<memory_handle>>([](actor_core& c) { return c.manager().capture_end(); },
+                                                 std::forward<Token>(token));
+  }
+
+  /// Opens a persistent allocation scope: reserves and creates posted while it is open (from any
+  /// thread) go to the persistent pool. Scopes nest.
+  [[nodiscard]] persistent_scope persistent() const;
+
+ private:
+  friend class persistent_scope;
+  std::shared_ptr<device_actor> actor_;
+};
+
+/// RAII persistent allocation scope; see `compute_client::persistent`.
+class persistent_scope {
+ public:
+  explicit persistent_scope(std::shared_ptr<device_actor> actor) : actor_(std::move(actor)) {
+    actor_->post(message([](actor_core* c, const error*) {
+      if (c != nullptr) c->enter_persistent();
+    }));
+  }
+  persistent_scope(persistent_scope&& o) noexcept = default;
+  persistent_scope& operator=(persistent_scope&&) = delete;
+  persistent_scope(const persistent_scope&) = delete;
+  persistent_scope& operator=(const persistent_scope&) = delete;
+  ~persistent_scope() {
+    if (actor_ == nullptr) return;
+    actor_->post(message([](actor_core* c, const error*) {
+      if (c != nullptr) c->exit_persistent();
+    }));
+  }
+
+ private:
+  std::shared_ptr<device_actor> actor_;
+};
+
+inline persistent_scope compute_client::persistent() const { return persistent_scope(actor_); }
+
+}  // namespace devrt::runtime

@@ -1,0 +1,48 @@
+// Runtime configuration: the persistent-memory policy and the log level, from a config file and
+// the environment. Pool layouts are set programmatically (or as a layout string in tools).
+//
+// File format (one setting per line, `#` starts a comment):
+//     persistent_memory = size-match      # enabled | size-match | disabled | enforced
+//     log_level = basic                   # disabled | basic | full
+// Environment (overrides the file): DEVRT_PERSISTENT_MEMORY, DEVRT_LOG_LEVEL, and DEVRT_CONFIG,
+// the path of the file.
+#pragma once
+
+#include <functional>
+#include <optional>
+#include <string>
+#include <string_view>
+
+#include "devrt/memory/config.hpp"
+#include "devrt/memory/error.hpp"
+
+namespace devrt::runtime {
+
+/// How much the memory actors log: nothing, one line per configuration event and error, or every
+/// memory message.
+enum class log_level { disabled, basic, full };
+
+result<log_level> parse_log_level(std::string_view text);
+const char* to_string(log_level l) noexcept;
+
+struct runtime_config {
+  memory::persistent_policy persistent_memory = memory::persistent_policy::enabled;
+  log_level log = log_level::disabled;
+};
+
+/// Applies the settings of a config file's text to `cfg`. `origin` names the file in errors.
+/// Error malformed_config naming the line.
+result<void> apply_config_text(runtime_config& cfg, std::string_view text, std::string_view origin);
+
+/// Reads and applies a config file. Errors: malformed_config (unreadable file, bad line).
+result<void> apply_config_file(runtime_config& cfg, const std::string& path);
+
+/// Looks up an environment variable; replaceable in tests.
+using env_lookup = std::function<std::optional<std::string>(const char*)>;
+std::optional<std::string> process_env(const char* name);
+
+/// The configuration: defaults, then the file named by `file` or by DEVRT_CONFIG, then the
+/// environment variables.
+result<runtime_config> load_config(const std::optional<std::string>& file, const env_lookup& env = process_env);
+
+}  // namespace devrt::runtime

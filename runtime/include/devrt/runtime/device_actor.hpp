@@ -1,0 +1,139 @@
+// The memory actor of one device: a Boost.Asio strand on a thread of its own that owns the
+// device's memory manager and serializes every memory message.
+//
+// Ownership: `actor_core` (the manager and the actor's bookkeeping) is touched only by messages
+// running on the strand. `device_actor` is shared by the runtime and every client of the device;
+// `post` is safe from any thread.
+#pragma once
+
+#include <atomic>
+#include <boost/asio/any_io_executor.hpp>
+#include <boost/asio/executor_work_guard.hpp>
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/strand.hpp>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <string>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+#include "devrt/memory/memory_manager.hpp"
+#include "devrt/runtime/mailbox.hpp"
+
+namespace spdlog {
+class logger;
+}
+
+namespace devrt::runtime {
+
+enum class device_kind { host, sim, cuda };
+const char* to_string(device_kind k) noexcept;
+
+/// What the runtime knows of a device.
+struct device_info {
+  device_kind kind = device_kind::host;
+  int index = 0;          ///< index among the devices of its kind
+  std::string name;       ///< "host", "sim", "cuda:0"
+  memory::device_properties properties;
+};
+
+/// The state a device strand owns. Every member is called on the strand only.
+class actor_core {
+ public:
+  actor_core(std::unique_ptr<memory::memory_manager> manager, std::shared_ptr<spdlog::logger> log,
+             device_info info);
+
+  memory::memory_manager& manager() noexcept { return *manager_; }
+  spdlog::logger& log() noexcept { return *log_; }
+  [[nodiscard]] const std::string& device_name() const noexcept { return info_.name; }
+  [[nodiscard]] const device_info& info() const noexcept { return info_; }
+
+  /// Reserve with out-of-memory recovery: on out_of_memory, one reclaim (explicit cleanup and
+  /// flush) and one retry.
+  result<memory::memory_handle> reserve(std::uint64_t size);
+  /// Reserves and binds `handle` (the second half of a client's create). A failure is remembered
+  /// so that later uses of the handle report it.
+  void create(std::uint64_t size, const memory::memory_handle& handle);
+  /// Turns a not_found for a handle whose create failed into that failure.
+  error explain(const error& e, memory::memory_id id) const;
+
+  result<memory::resource> get_resource(const memory::memory_binding& b, std::optional<std::uint64_t> start = {},
+                                        std::optional<std::uint64_t> end = {});
+  result<void> write(const memory::memory_binding& b, const void* src, std::uint64_t size);
+  result<void> read(const memory::memory_binding& b, void* dst, std::uint64_t size);
+  result<std::uint64_t> size_of(const memory::memory_binding& b);
+
+  /// Persistent scopes nest: the mode is persistent while at least one is open.
+  void enter_persistent();
+  void exit_persistent();
+
+ private:
+  static constexpr std::size_t max_remembered_failures = 1024;
+  std::unique_ptr<memory::memory_manager> manager_;
+  std::shared_ptr<spdlog::logger> log_;
+  device_info info_;
+  std::unordered_map<std::uint64_t, error> failures_;
+  std::deque<std::uint64_t> failure_order_;
+  int persistent_depth_ = 0;
+};
+
+class device_actor : public std::enable_shared_from_this<device_actor> {
+ public:
+  /// Starts the device thread. `completions` runs completion handlers that have no executor of
+  /// their own.
+  device_actor(device_info info, std::unique_ptr<memory::memory_manager> manager,
+               boost::asio::any_io_executor completions, std::shared_ptr<spdlog::logger> log);
+  device_actor(const device_actor&) = delete;
+  device_actor& operator=(const device_actor&) = delete;
+  ~device_actor();
+
+  /// Queues a message for the strand; after shutdown the message is completed with a shutdown
+  /// error instead. Thread-safe.
+  void post(message m);
+
+  /// Completes every queued message with a shutdown error, destroys the memory manager on the
+  /// strand and joins the device thread. Idempotent. Must not be called from the device thread.
+  void shutdown() noexcept;
+
+  [[nodiscard]] const device_info& info() const noexcept { return info_; }
+  /// Where completions without an executor of their own run (the runtime's completion threads,
+  /// or the system executor once the runtime is gone).
+  [[nodiscard]] boost::asio::any_io_executor completion_executor() const;
+  /// Called by the runtime before its completion threads stop.
+  void detach_completions() noexcept { completions_alive_.store(false, std::memory_order_release); }
+
+  /// Messages processed and drains run (for tests and benchmarks).
+  [[nodiscard]] std::uint64_t messages_processed() const noexcept {
+    return processed_.load(std::memory_order_relaxed);
+  }
+  [[nodiscard]] std::uint64_t drains() const noexcept { return drains_.load(std::memory_order_relaxed); }
+
+  /// Most messages one drain runs before it yields the strand and reschedules itself.
+  static constexpr std::size_t drain_budget = 1024;
+
+ private:
+  void schedule_drain();
+  void drain();
+  void after_batch();
+
+  device_info info_;
+  boost::asio::io_context io_{1};
+  boost::asio::strand<boost::asio::io_context::executor_type> strand_;
+  boost::asio::executor_work_guard<boost::asio::io_context::executor_type> work_;
+  boost::asio::any_io_executor completions_;
+  std::atomic<bool> completions_alive_{true};
+  std::shared_ptr<spdlog::logger> log_;
+  mailbox mailbox_;
+  // Strand-only state.
+  std::unique_ptr<actor_core> core_;
+  std::vector<message> batch_;
+  std::size_t next_ = 0;
+  std::atomic<std::uint64_t> processed_{0};
+  std::atomic<std::uint64_t> drains_{0};
+  std::atomic<bool> stopped_{false};
+  std::thread thread_;
+};
+
+}  // namespace devrt::runtime

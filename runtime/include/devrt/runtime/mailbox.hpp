@@ -1,0 +1,159 @@
+// The mailbox of a device actor: many producer threads, one consumer (the device strand).
+//
+// Producers push messages; only the producer that finds the mailbox idle asks for a drain (it
+// posts one drain to the strand), so a burst of messages costs one strand post instead of one per
+// message. The consumer takes everything queued with one swap under the lock and runs it outside
+// the lock. Messages hold their completion state inline (no allocation for small handlers).
+#pragma once
+
+#include <cstddef>
+#include <mutex>
+#include <new>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "devrt/memory/error.hpp"
+
+namespace devrt::runtime {
+
+class actor_core;
+
+/// A move-only message: run on the strand with the actor's state, or aborted with an error when
+/// the actor shuts down first. Callables up to `inline_size` bytes are stored inline.
+class message {
+ public:
+  static constexpr std::size_t inline_size = 112;
+
+  message() noexcept = default;
+  template <class F, class = std::enable_if_t<!std::is_same_v<std::decay_t<F>, message>>>
+  explicit message(F&& f) {  // NOLINT(bugprone-forwarding-reference-overload)
+    using T = std::decay_t<F>;
+    if constexpr (sizeof(T) <= inline_size && alignof(T) <= alignof(std::max_align_t) &&
+                  std::is_nothrow_move_constructible_v<T>) {
+      ::new (static_cast<void*>(buf_)) T(std::forward<F>(f));
+      vt_ = &inline_vtable<T>;
+    } else {
+      *reinterpret_cast<T**>(buf_) = new T(std::forward<F>(f));  // NOLINT
+      vt_ = &heap_vtable<T>;
+    }
+  }
+  message(message&& o) noexcept : vt_(std::exchange(o.vt_, nullptr)) {
+    if (vt_ != nullptr) vt_->move(o.buf_, buf_);
+  }
+  message& operator=(message&& o) noexcept {
+    if (this != &o) {
+      reset();
+      vt_ = std::exchange(o.vt_, nullptr);
+      if (vt_ != nullptr) vt_->move(o.buf_, buf_);
+    }
+    return *this;
+  }
+  message(const message&) = delete;
+  message& operator=(const message&) = delete;
+  ~message() { reset(); }
+
+  explicit operator bool() const noexcept { return vt_ != nullptr; }
+  /// Runs the message on the strand. Consumes it.
+  void run(actor_core& core) {
+    auto* vt = std::exchange(vt_, nullptr);
+    vt->run(buf_, core);
+    vt->destroy(buf_);
+  }
+  /// Completes the message with an error instead of running it. Consumes it.
+  void abort(const error& e) noexcept {
+    auto* vt = std::exchange(vt_, nullptr);
+    vt->abort(buf_, e);
+    vt->destroy(buf_);
+  }
+
+ private:
+  struct vtable {
+    void (*run)(void*, actor_core&);
+    void (*abort)(void*, const error&) noexcept;
+    void (*destroy)(void*) noexcept;
+    void (*move)(void* from, void* to) noexcept;
+  };
+  template <class T>
+  static T& inl(void* p) noexcept {
+    return *std::launder(reinterpret_cast<T*>(p));  // NOLINT
+  }
+  template <class T>
+  static T& heap(void* p) noexcept {
+    return **reinterpret_cast<T**>(p);  // NOLINT
+  }
+  template <class T>
+  static constexpr vtable inline_vtable{
+      [](void* p, actor_core& c) { inl<T>(p)(&c, nullptr); },
+      [](void* p, const error& e) noexcept { inl<T>(p)(nullptr, &e); },
+      [](void* p) noexcept { inl<T>(p).~T(); },
+      [](void* from, void* to) noexcept {
+        ::new (to) T(std::move(inl<T>(from)));
+        inl<T>(from).~T();
+      }};
+  template <class T>
+  static constexpr vtable heap_vtable{
+      [](void* p, actor_core& c) { heap<T>(p)(&c, nullptr); },
+      [](void* p, const error& e) noexcept { heap<T>(p)(nullptr, &e); },
+      [](void* p) noexcept { delete &heap<T>(p); },
+      [](void* from, void* to) noexcept { *reinterpret_cast<T**>(to) = *reinterpret_cast<T**>(from); }};  // NOLINT
+
+  void reset() noexcept {
+    if (vt_ != nullptr) std::exchange(vt_, nullptr)->destroy(buf_);
+  }
+
+  alignas(std::max_align_t) unsigned char buf_[inline_size];
+  const vtable* vt_ = nullptr;
+};
+
+/// Batching multi-producer, single-consumer queue of messages.
+class mailbox {
+ public:
+  enum class push_result {
+    queued,          ///< a drain is already scheduled
+    schedule_drain,  ///< the mailbox was idle: the caller must schedule a drain
+    closed           ///< the mailbox is closed: the message was not queued
+  };
+
+  /// Queues a message. On `closed`, `m` is left untouched so the caller can abort it.
+  push_result push(message& m) {
+    std::lock_guard lock(mutex_);
+    if (closed_) return push_result::closed;
+    queue_.push_back(std::move(m));
+    if (scheduled_) return push_result::queued;
+    scheduled_ = true;
+    return push_result::schedule_drain;
+  }
+
+  /// Takes every queued message into `out` (which must be empty). Returns false and marks the
+  /// mailbox idle when nothing was queued.
+  bool take(std::vector<message>& out) {
+    std::lock_guard lock(mutex_);
+    if (queue_.empty()) {
+      scheduled_ = false;
+      return false;
+    }
+    out.swap(queue_);
+    return true;
+  }
+
+  /// Refuses further messages and returns those still queued.
+  std::vector<message> close() {
+    std::lock_guard lock(mutex_);
+    closed_ = true;
+    return std::exchange(queue_, {});
+  }
+
+  [[nodiscard]] bool closed() const {
+    std::lock_guard lock(mutex_);
+    return closed_;
+  }
+
+ private:
+  mutable std::mutex mutex_;
+  std::vector<message> queue_;
+  bool scheduled_ = false;
+  bool closed_ = false;
+};
+
+}  // namespace devrt::runtime

@@ -1,0 +1,78 @@
+// The runtime: discovers the devices, gives each a memory actor on a thread of its own, runs
+// completion handlers on a small pool of threads, loads the configuration, and shuts everything
+// down in order.
+//
+//     devrt::runtime::runtime rt;                 // host device, configuration from the environment
+//     auto client = rt.host();
+//     auto h = client.reserve(1 << 20).get();
+//
+// Threading: construct and destroy from one thread (not from a device strand or a completion
+// handler); every other member is safe from any thread.
+#pragma once
+
+#include <boost/asio/thread_pool.hpp>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "devrt/devices/host_storage.hpp"
+#include "devrt/devices/sim_storage.hpp"
+#include "devrt/memory/config.hpp"
+#include "devrt/runtime/compute_client.hpp"
+#include "devrt/runtime/config.hpp"
+#include "devrt/runtime/device_actor.hpp"
+
+namespace devrt::runtime {
+
+struct runtime_options {
+  devices::host_options host;
+  memory::memory_layout host_layout = memory::preset::sub_slices;
+  /// Adds a simulated device (index 0 of kind sim) with these options.
+  std::optional<devices::sim_options> sim;
+  memory::memory_layout sim_layout = memory::preset::sub_slices;
+  /// Config file; by default DEVRT_CONFIG names it, if set.
+  std::optional<std::string> config_file;
+  /// Read DEVRT_* environment variables.
+  bool use_environment = true;
+  /// Override the configuration's policy or log level.
+  std::optional<memory::persistent_policy> persistent_memory;
+  std::optional<log_level> log;
+  /// Threads that run completion handlers without an executor of their own.
+  std::size_t completion_threads = 2;
+};
+
+class runtime {
+ public:
+  /// Starts the runtime. Throws devrt::exception (malformed_config, an invalid layout) when the
+  /// configuration is wrong; `create` returns the error instead.
+  explicit runtime(runtime_options opts = {});
+  static result<std::unique_ptr<runtime>> create(runtime_options opts = {});
+  runtime(const runtime&) = delete;
+  runtime& operator=(const runtime&) = delete;
+  /// Shuts down (see `shutdown`).
+  ~runtime();
+
+  /// Stops every actor: requests not yet served complete with errc::shutdown, every page is
+  /// returned, the device threads are joined, then pending completions run. Handles that outlive
+  /// the runtime stay safe to copy and drop. Idempotent.
+  void shutdown() noexcept;
+
+  [[nodiscard]] std::vector<device_info> devices() const;
+  /// The client of a device. Throws devrt::exception (not_found) if there is no such device.
+  [[nodiscard]] compute_client client(device_kind kind, int index = 0) const;
+  [[nodiscard]] compute_client host() const { return client(device_kind::host); }
+  [[nodiscard]] compute_client sim() const { return client(device_kind::sim); }
+  [[nodiscard]] const runtime_config& config() const noexcept { return config_; }
+
+ private:
+  void add_device(device_info info, memory::storage store, const memory::memory_layout& layout);
+
+  runtime_config config_;
+  std::shared_ptr<spdlog::logger> log_;
+  std::unique_ptr<boost::asio::thread_pool> completions_;
+  std::vector<std::shared_ptr<device_actor>> actors_;
+  bool stopped_ = false;
+};
+
+}  // namespace devrt::runtime

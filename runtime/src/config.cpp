@@ -1,0 +1,123 @@
+#include "devrt/runtime/config.hpp"
+
+#include <algorithm>
+#include <cctype>
+#include <cstdlib>
+#include <fmt/format.h>
+#include <fstream>
+#include <sstream>
+
+namespace devrt::runtime {
+
+namespace {
+
+std::string_view trim(std::string_view s) {
+  while (!s.empty() && std::isspace(static_cast<unsigned char>(s.front())) != 0) s.remove_prefix(1);
+  while (!s.empty() && std::isspace(static_cast<unsigned char>(s.back())) != 0) s.remove_suffix(1);
+  return s;
+}
+
+std::string unquote(std::string_view v) {
+  if (v.size() >= 2 && (v.front() == '"' || v.front() == '\'') && v.back() == v.front()) {
+    v = v.substr(1, v.size() - 2);
+  }
+  return std::string(v);
+}
+
+error config_error(std::string where, const char* what) {
+  error e = error::make(errc::malformed_config, what);
+  e.text = std::move(where);
+  return e;
+}
+
+}  // namespace
+
+result<log_level> parse_log_level(std::string_view text) {
+  std::string v(trim(text));
+  std::transform(v.begin(), v.end(), v.begin(), [](unsigned char c) { return std::tolower(c); });
+  if (v == "disabled" || v == "off") return log_level::disabled;
+  if (v == "basic") return log_level::basic;
+  if (v == "full") return log_level::full;
+  return config_error(std::string(text), "the log level is one of disabled, basic, full");
+}
+
+const char* to_string(log_level l) noexcept {
+  switch (l) {
+    case log_level::disabled: return "disabled";
+    case log_level::basic: return "basic";
+    case log_level::full: return "full";
+  }
+  return "disabled";
+}
+
+result<void> apply_config_text(runtime_config& cfg, std::string_view text, std::string_view origin) {
+  std::size_t line_no = 0;
+  while (!text.empty()) {
+    const std::size_t nl = text.find('\n');
+    std::string_view line = text.substr(0, nl);
+    text = nl == std::string_view::npos ? std::string_view() : text.substr(nl + 1);
+    ++line_no;
+    if (const std::size_t hash = line.find('#'); hash != std::string_view::npos) line = line.substr(0, hash);
+    line = trim(line);
+    if (line.empty()) continue;
+    const std::string where = fmt::format("{}:{}: {}", origin, line_no, line);
+    const std::size_t eq = line.find('=');
+    if (eq == std::string_view::npos) return config_error(where, "expected `key = value`");
+    const std::string_view key = trim(line.substr(0, eq));
+    const std::string value = unquote(trim(line.substr(eq + 1)));
+    if (key == "persistent_memory") {
+      auto p = memory::parse_persistent_policy(value);
+      if (!p) return config_error(where, "persistent_memory is one of enabled, size-match, disabled, enforced");
+      cfg.persistent_memory = *p;
+    } else if (key == "log_level") {
+      auto l = parse_log_level(value);
+      if (!l) return config_error(where, "log_level is one of disabled, basic, full");
+      cfg.log = *l;
+    } else if (key == "pools" || key == "layout") {
+      return config_error(where, "pool layouts are not read from config files; set them with configure() or a "
+                                 "tool's --layout option");
+    } else {
+      return config_error(where, "unknown setting (known: persistent_memory, log_level)");
+    }
+  }
+  return {};
+}
+
+result<void> apply_config_file(runtime_config& cfg, const std::string& path) {
+  std::ifstream in(path);
+  if (!in) return config_error(path, "the config file cannot be read");
+  std::stringstream buf;
+  buf << in.rdbuf();
+  return apply_config_text(cfg, buf.str(), path);
+}
+
+std::optional<std::string> process_env(const char* name) {
+  const char* v = std::getenv(name);  // NOLINT(concurrency-mt-unsafe): read once at start-up
+  if (v == nullptr) return std::nullopt;
+  return std::string(v);
+}
+
+result<runtime_config> load_config(const std::optional<std::string>& file, const env_lookup& env) {
+  runtime_config cfg;
+  std::optional<std::string> path = file;
+  if (!path) path = env("DEVRT_CONFIG");
+  if (path && !path->empty()) {
+    if (auto r = apply_config_file(cfg, *path); !r) return std::move(r).err();
+  }
+  if (auto v = env("DEVRT_PERSISTENT_MEMORY")) {
+    auto p = memory::parse_persistent_policy(*v);
+    if (!p) {
+      return config_error(fmt::format("DEVRT_PERSISTENT_MEMORY={}", *v),
+                          "the persistent memory policy is one of enabled, size-match, disabled, enforced");
+    }
+    cfg.persistent_memory = *p;
+  }
+  if (auto v = env("DEVRT_LOG_LEVEL")) {
+    auto l = parse_log_level(*v);
+    if (!l) return config_error(fmt::format("DEVRT_LOG_LEVEL={}", *v), "the log level is one of disabled, basic, full");
+    cfg.log = *l;
+  }
+  return cfg;
+}
+
+}  // namespace devrt::runtime

@@ -1,0 +1,187 @@
+#include "devrt/runtime/device_actor.hpp"
+
+#include <boost/asio/defer.hpp>
+#include <boost/asio/post.hpp>
+#include <boost/asio/system_executor.hpp>
+#include <spdlog/spdlog.h>
+
+namespace devrt::runtime {
+
+const char* to_string(device_kind k) noexcept {
+  switch (k) {
+    case device_kind::host: return "host";
+    case device_kind::sim: return "sim";
+    case device_kind::cuda: return "cuda";
+  }
+  return "unknown";
+}
+
+// ---- actor_core ----
+
+actor_core::actor_core(std::unique_ptr<memory::memory_manager> manager, std::shared_ptr<spdlog::logger> log,
+                       device_info info)
+    : manager_(std::move(manager)), log_(std::move(log)), info_(std::move(info)) {}
+
+result<memory::memory_handle> actor_core::reserve(std::uint64_t size) {
+  auto r = manager_->reserve(size);
+  if (r || r.code() != errc::out_of_memory) return r;
+  SPDLOG_LOGGER_INFO(log_, "[{}] out of memory reserving {} bytes; reclaiming and retrying once", info_.name, size);
+  if (auto c = manager_->reclaim(); !c) return std::move(c).err();
+  r = manager_->reserve(size);
+  if (!r) SPDLOG_LOGGER_INFO(log_, "[{}] {}", info_.name, r.err().message());
+  return r;
+}
+
+void actor_core::create(std::uint64_t size, const memory::memory_handle& handle) {
+  auto r = reserve(size);
+  if (r) {
+    auto b = manager_->bind(std::move(*r), handle);
+    if (b) return;
+    r = std::move(b).err();
+  }
+  SPDLOG_LOGGER_INFO(log_, "[{}] create({}) failed: {}", info_.name, size, r.err().message());
+  if (failure_order_.size() >= max_remembered_failures) {
+    failures_.erase(failure_order_.front());
+    failure_order_.pop_front();
+  }
+  failures_.insert_or_assign(handle.id().value, r.err());
+  failure_order_.push_back(handle.id().value);
+}
+
+error actor_core::explain(const error& e, memory::memory_id id) const {
+  if (e.code != errc::not_found) return e;
+  auto it = failures_.find(id.value);
+  return it == failures_.end() ? e : it->second;
+}
+
+result<memory::resource> actor_core::get_resource(const memory::memory_binding& b, std::optional<std::uint64_t> start,
+                                                  std::optional<std::uint64_t> end) {
+  auto r = manager_->get_resource(b, start, end);
+  if (!r) return explain(r.err(), b.id());
+  return r;
+}
+
+result<std::uint64_t> actor_core::size_of(const memory::memory_binding& b) {
+  auto s = manager_->get_storage(b);
+  if (!s) return explain(s.err(), b.id());
+  return s->size;
+}
+
+result<void> actor_core::write(const memory::memory_binding& b, const void* src, std::uint64_t size) {
+  auto s = manager_->get_storage(b);
+  if (!s) return explain(s.err(), b.id());
+  if (size > s->size) {
+    error e = error::make(errc::invalid_argument, "more bytes written than the allocation holds");
+    e.size = size;
+    e.limit = s->size;
+    return e;
+  }
+  return manager_->backing_storage().write(s->offset_end(s->size - size), src);
+}
+
+result<void> actor_core::read(const memory::memory_binding& b, void* dst, std::uint64_t size) {
+  auto s = manager_->get_storage(b);
+  if (!s) return explain(s.err(), b.id());
+  return manager_->backing_storage().read(s->offset_end(s->size - size), dst);
+}
+
+void actor_core::enter_persistent() {
+  if (persistent_depth_++ == 0) manager_->mode(memory::allocation_mode::persistent);
+}
+
+void actor_core::exit_persistent() {
+  if (persistent_depth_ > 0 && --persistent_depth_ == 0) manager_->mode(memory::allocation_mode::automatic);
+}
+
+// ---- device_actor ----
+
+device_actor::device_actor(device_info info, std::unique_ptr<memory::memory_manager> manager,
+                           boost::asio::any_io_executor completions, std::shared_ptr<spdlog::logger> log)
+    : info_(std::move(info)),
+      strand_(boost::asio::make_strand(io_.get_executor())),
+      work_(boost::asio::make_work_guard(io_.get_executor())),
+      completions_(std::move(completions)),
+      log_(log),
+      core_(std::make_unique<actor_core>(std::move(manager), std::move(log), info_)) {
+  thread_ = std::thread([this] { io_.run(); });
+  SPDLOG_LOGGER_INFO(log_, "[{}] memory actor started: {}", info_.name, core_->manager().report());
+}
+
+device_actor::~device_actor() { shutdown(); }
+
+boost::asio::any_io_executor device_actor::completion_executor() const {
+  if (completions_alive_.load(std::memory_order_acquire)) return completions_;
+  return boost::asio::system_executor();
+}
+
+void device_actor::post(message m) {
+  switch (mailbox_.push(m)) {
+    case mailbox::push_result::queued: return;
+    case mailbox::push_result::schedule_drain: schedule_drain(); return;
+    case mailbox::push_result::closed:
+      m.abort(error::make(errc::shutdown, "the device actor has stopped; no further memory messages are served"));
+      return;
+  }
+}
+
+void device_actor::schedule_drain() {
+  boost::asio::post(strand_, [self = shared_from_this()] { self->drain(); });
+}
+
+void device_actor::drain() {
+  drains_.fetch_add(1, std::memory_order_relaxed);
+  std::size_t budget = drain_budget;
+  while (budget > 0) {
+    if (next_ == batch_.size()) {
+      batch_.clear();
+      next_ = 0;
+      if (core_ == nullptr || !mailbox_.take(batch_)) {
+        after_batch();
+        return;  // the mailbox is idle; the next push schedules a drain
+      }
+    }
+    message& m = batch_[next_++];
+    try {
+      m.run(*core_);
+    } catch (...) {
+      // Messages complete their own errors; nothing may escape the strand.
+    }
+    processed_.fetch_add(1, std::memory_order_relaxed);
+    --budget;
+  }
+  after_batch();
+  boost::asio::defer(strand_, [self = shared_from_this()] { self->drain(); });
+}
+
+void device_actor::after_batch() {
+  if (core_ == nullptr) return;
+  // Queued deallocations reach the driver after the batch's requests were served, never in
+  // front of them.
+  auto& m = core_->manager();
+  m.process_releases();
+  if (m.backing_storage().pending_deallocations() > 0) {
+    if (auto r = m.flush(); !r) SPDLOG_LOGGER_INFO(log_, "[{}] flush failed: {}", info_.name, r.err().message());
+  }
+}
+
+void device_actor::shutdown() noexcept {
+  if (stopped_.exchange(true)) return;
+  const error stop = error::make(errc::shutdown, "the runtime shut down before the request was served");
+  for (auto& m : mailbox_.close()) m.abort(stop);
+  boost::asio::post(strand_, [this, stop] {
+    for (; next_ < batch_.size(); ++next_) batch_[next_].abort(stop);
+    batch_.clear();
+    next_ = 0;
+    SPDLOG_LOGGER_INFO(log_, "[{}] memory actor stopping", info_.name);
+    core_.reset();  // returns every page; handles still held elsewhere stay safe to drop
+  });
+  work_.reset();
+  if (!thread_.joinable()) return;
+  if (thread_.get_id() == std::this_thread::get_id()) {
+    thread_.detach();  // the last reference was dropped by a message on the device thread itself
+  } else {
+    thread_.join();
+  }
+}
+
+}  // namespace devrt::runtime

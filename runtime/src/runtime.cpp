@@ -1,0 +1,97 @@
+#include "devrt/runtime/runtime.hpp"
+
+#include <spdlog/sinks/stdout_sinks.h>
+#include <spdlog/spdlog.h>
+
+namespace devrt::runtime {
+
+namespace {
+
+result<runtime_config> resolve_config(const runtime_options& opts) {
+  env_lookup env = opts.use_environment ? env_lookup(process_env)
+                                        : env_lookup([](const char*) { return std::optional<std::string>(); });
+  auto cfg = load_config(opts.config_file, env);
+  if (!cfg) return cfg;
+  if (opts.persistent_memory) cfg->persistent_memory = *opts.persistent_memory;
+  if (opts.log) cfg->log = *opts.log;
+  return cfg;
+}
+
+spdlog::level::level_enum spdlog_level(log_level l) {
+  switch (l) {
+    case log_level::disabled: return spdlog::level::off;
+    case log_level::basic: return spdlog::level::info;
+    case log_level::full: return spdlog::level::trace;
+  }
+  return spdlog::level::off;
+}
+
+}  // namespace
+
+runtime::runtime(runtime_options opts) {
+  auto cfg = resolve_config(opts);
+  if (!cfg) throw exception(std::move(cfg).err());
+  config_ = *cfg;
+  log_ = std::make_shared<spdlog::logger>("devrt", std::make_shared<spdlog::sinks::stderr_sink_mt>());
+  log_->set_level(spdlog_level(config_.log));
+  log_->set_pattern("[%H:%M:%S.%e] [devrt] [%l] %v");
+  completions_ = std::make_unique<boost::asio::thread_pool>(std::max<std::size_t>(opts.completion_threads, 1));
+
+  try {
+    add_device(device_info{device_kind::host, 0, "host", {}}, memory::storage::make<devices::host_storage>(opts.host),
+               opts.host_layout);
+    if (opts.sim) {
+      add_device(device_info{device_kind::sim, 0, "sim", {}}, memory::storage::make<devices::sim_storage>(*opts.sim),
+                 opts.sim_layout);
+    }
+  } catch (...) {
+    shutdown();
+    throw;
+  }
+}
+
+result<std::unique_ptr<runtime>> runtime::create(runtime_options opts) {
+  try {
+    return std::make_unique<runtime>(std::move(opts));
+  } catch (const exception& e) {
+    return e.err();
+  }
+}
+
+runtime::~runtime() { shutdown(); }
+
+void runtime::add_device(device_info info, memory::storage store, const memory::memory_layout& layout) {
+  info.properties = store.properties();
+  auto manager = std::make_unique<memory::memory_manager>(
+      std::move(store), memory::manager_options{info.name, layout, config_.persistent_memory, std::nullopt});
+  actors_.push_back(std::make_shared<device_actor>(std::move(info), std::move(manager), completions_->get_executor(),
+                                                   log_));
+}
+
+void runtime::shutdown() noexcept {
+  if (stopped_) return;
+  stopped_ = true;
+  for (auto& a : actors_) a->shutdown();
+  // Completions already queued still run; later ones (from clients that outlive the runtime) go
+  // to the system executor.
+  for (auto& a : actors_) a->detach_completions();
+  if (completions_) completions_->join();
+}
+
+std::vector<device_info> runtime::devices() const {
+  std::vector<device_info> out;
+  out.reserve(actors_.size());
+  for (const auto& a : actors_) out.push_back(a->info());
+  return out;
+}
+
+compute_client runtime::client(device_kind kind, int index) const {
+  for (const auto& a : actors_) {
+    if (a->info().kind == kind && a->info().index == index) return compute_client(a);
+  }
+  error e = error::make(errc::not_found, "no device of that kind and index; runtime::devices() lists them");
+  e.text = std::string(to_string(kind)) + ":" + std::to_string(index);
+  throw exception(e);
+}
+
+}  // namespace devrt::runtime
