@@ -99,8 +99,9 @@ result<std::uint64_t> parse_count(std::string_view text, std::string_view whole)
   for (char c : text) {
     if (c == '_') continue;
     if (c < '0' || c > '9') return malformed_layout(whole, "a period is a plain number of reserves");
-    if (v > (UINT64_MAX - 9) / 10) return malformed_layout(whole, "the period is too large");
-    v = v * 10 + static_cast<std::uint64_t>(c - '0');
+    const auto digit = static_cast<std::uint64_t>(c - '0');
+    if (v > (UINT64_MAX - digit) / 10) return malformed_layout(whole, "the period is too large");
+    v = v * 10 + digit;
   }
   return v;
 }
@@ -181,8 +182,9 @@ result<std::uint64_t> parse_size(std::string_view text) {
     if (c == '_') continue;
     if (c < '0' || c > '9') break;
     digits = true;
-    if (integer > (UINT64_MAX - 9) / 10) return fail("the number is too large");
-    integer = integer * 10 + static_cast<std::uint64_t>(c - '0');
+    const auto digit = static_cast<std::uint64_t>(c - '0');
+    if (integer > (UINT64_MAX - digit) / 10) return fail("the number is too large");
+    integer = integer * 10 + digit;
   }
   if (!digits) {
     if (!text.empty() && text[0] == '-') return fail("a size cannot be negative");
@@ -279,6 +281,11 @@ result<memory_layout> parse_layout(std::string_view text) {
         if (!p) return std::move(p).err();
         (sliced ? s.dealloc_period : x.dealloc_period) = *p;
         continue;
+      }
+      const bool known = sliced ? (key == "page" || key == "slice" || key == "cap") : key == "max";
+      if (!known) {
+        return malformed_layout(kv, sliced ? "unknown key for a sliced pool (use page, slice, cap, period)"
+                                           : "unknown key for an exclusive pool (use max, period)");
       }
       auto size = parse_size(val);
       if (!size) return std::move(size).err();

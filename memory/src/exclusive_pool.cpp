@@ -35,10 +35,7 @@ detail::descriptor* exclusive_pool::take(pool_context& ctx, page_node& p, std::u
 
 detail::descriptor* exclusive_pool::try_reserve(pool_context& ctx, std::uint64_t size) {
   average_ = average_ * (1.0 - average_decay) + static_cast<double>(size) * average_decay;
-  page_node key;
-  key.storage.size = slice_extent(size, alignment_);
-  key.index = 0;
-  auto it = tree_.lower_bound(key);
+  auto it = tree_.lower_bound(size_key{slice_extent(size, alignment_)}, key_fit{});
   if (it == tree_.end()) return nullptr;
   return take(ctx, *it, size);
 }
@@ -64,7 +61,9 @@ result<detail::descriptor*> exclusive_pool::alloc(pool_context& ctx, std::uint64
   pages_.push_back(std::move(node));
   usage_.bytes_reserved += page_size;
   tree_.insert(p);
-  return take(ctx, p, size);
+  detail::descriptor* d = take(ctx, p, size);
+  p.free_count = initial_free_count;  // a new page is "suspected unused" until it is reused
+  return d;
 }
 
 void exclusive_pool::release(pool_context& ctx, const location& loc) {

@@ -127,6 +127,15 @@ result<memory_handle> memory_manager::reserve_persistent(std::uint64_t size) {
 
 result<memory_handle> memory_manager::reserve(std::uint64_t size) {
   process_releases();
+  const std::uint64_t limit = props_.capacity != 0 ? props_.capacity : max_reserve_size;
+  if (size > limit) {
+    // Also keeps every size far from overflow when it is rounded to the alignment.
+    ++stats_.failed_reserves;
+    error e = error::make(errc::buffer_too_big, "larger than the device");
+    e.size = size;
+    e.limit = limit;
+    return e;
+  }
   ++reserve_count_;
   if (!capture_) {
     for (auto& p : pools_) visit_pool(p, [&](auto& pool) { pool.tick(ctx_, reserve_count_); });
@@ -278,10 +287,15 @@ result<void> memory_manager::flush() {
   return {};
 }
 
-std::uint64_t memory_manager::dynamic_in_use() const noexcept {
-  std::uint64_t live = 0;
-  for (const auto& p : pools_) live += visit_pool(p, [](const auto& pool) { return pool.bytes_in_use(); });
-  return live;
+memory_usage memory_manager::dynamic_usage() const noexcept {
+  memory_usage u;
+  for (const auto& p : pools_) u += visit_pool(p, [](const auto& pool) { return pool.usage(); });
+  return u;
+}
+
+const memory_statistics& memory_manager::statistics() {
+  process_releases();
+  return stats_;
 }
 
 result<configure_outcome> memory_manager::configure(const memory_layout& layout) {
@@ -292,13 +306,14 @@ result<configure_outcome> memory_manager::configure(const memory_layout& layout)
     return error::make(errc::capture_active, "the pool layout cannot change while a capture window is open");
   }
   if (auto r = cleanup(true); !r) return std::move(r).err();
-  const std::uint64_t live = dynamic_in_use();
-  if (live > 0) return configure_outcome{false, live};
+  // Zero-size allocations count too: they hold a slice although they hold no bytes.
+  const memory_usage live = dynamic_usage();
+  if (live.number_allocs > 0) return configure_outcome{false, live.bytes_in_use, live.number_allocs};
   release_pools();
   layout_ = std::move(resolved).value();
   build_pools(layout_);
   if (auto r = flush(); !r) return std::move(r).err();
-  return configure_outcome{true, 0};
+  return configure_outcome{true, 0, 0};
 }
 
 void memory_manager::capture_begin() {

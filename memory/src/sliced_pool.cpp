@@ -89,11 +89,7 @@ detail::descriptor* sliced_pool::take(pool_context& ctx, slice_node& s, std::uin
 
 detail::descriptor* sliced_pool::try_reserve(pool_context& ctx, std::uint64_t size) {
   const std::uint64_t extent = slice_extent(size, alignment_);
-  slice_node key;
-  key.extent = extent;
-  key.page = 0;
-  key.offset = 0;
-  auto it = tree_.lower_bound(key);
+  auto it = tree_.lower_bound(extent_key{extent}, key_fit{});
   if (it == tree_.end()) return nullptr;
   return take(ctx, *it, size);
 }

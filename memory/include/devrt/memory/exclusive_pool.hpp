@@ -65,6 +65,13 @@ class exclusive_pool {
       return a.index < b.index;
     }
   };
+  struct size_key {
+    std::uint64_t size;
+  };
+  struct key_fit {
+    bool operator()(const page_node& a, const size_key& k) const noexcept { return a.storage.size < k.size; }
+    bool operator()(const size_key& k, const page_node& a) const noexcept { return k.size < a.storage.size; }
+  };
   using free_tree = boost::intrusive::multiset<page_node, boost::intrusive::compare<by_fit>>;
 
   detail::descriptor* take(pool_context& ctx, page_node& p, std::uint64_t size);

@@ -39,7 +39,8 @@ struct manager_options {
 /// What `configure` did.
 struct configure_outcome {
   bool applied = false;
-  std::uint64_t live_bytes = 0;  ///< bytes still live in the dynamic pools when kept
+  std::uint64_t live_bytes = 0;        ///< bytes still live in the dynamic pools when kept
+  std::uint64_t live_allocations = 0;  ///< allocations still live in the dynamic pools when kept
 };
 
 /// One dynamic pool of the current layout.
@@ -58,6 +59,9 @@ class memory_manager {
   /// drop; they no longer resolve.
   ~memory_manager();
 
+  /// Largest size a reserve accepts on any device: larger sizes are buffer_too_big at once.
+  static constexpr std::uint64_t max_reserve_size = std::uint64_t{1} << 62;
+
   /// Reserves `size` bytes. Routing: the persistent pool when the mode or policy asks for it,
   /// otherwise the first dynamic pool that accepts the size. Errors: buffer_too_big (no pool
   /// accepts), pool_capacity_exceeded (the accepting pool is capped and full; later pools are not
@@ -67,7 +71,8 @@ class memory_manager {
   /// Gives the memory of `reserved` to `assigned` (a fresh identity from `memory_handle::make()`);
   /// copies of `reserved` become stale and resolve to not_found. Errors: not_found (reserved is
   /// uninitialized, stale or from another manager), already_bound (assigned has memory).
-  result<void> bind(memory_handle reserved, const memory_handle& assigned, std::uint64_t cursor = 0);
+  result<void> bind(memory_handle reserved,  // NOLINT(performance-unnecessary-value-param): consumed
+                    const memory_handle& assigned, std::uint64_t cursor = 0);
 
   result<std::uint64_t> get_cursor(const memory_binding& b);
   result<std::uint64_t> get_cursor(const memory_handle& h);
@@ -112,7 +117,8 @@ class memory_manager {
   void process_releases();
 
   memory_usage usage();
-  [[nodiscard]] const memory_statistics& statistics() const noexcept { return stats_; }
+  /// Statistics, after processing the frees reported so far.
+  const memory_statistics& statistics();
   /// Readable report: the persistent pool, each dynamic pool with its pages, and a summary.
   std::string report();
   /// Expensive consistency check of every pool and counter. Empty when consistent; otherwise the
@@ -139,7 +145,7 @@ class memory_manager {
                            std::optional<std::uint64_t> offset_end);
   result<memory_handle> reserve_persistent(std::uint64_t size);
   void release_one(detail::descriptor* d);
-  std::uint64_t dynamic_in_use() const noexcept;
+  memory_usage dynamic_usage() const noexcept;
   std::vector<pool_config> layout_to_configs() const;
 
   storage store_;

@@ -82,6 +82,14 @@ class sliced_pool {
       return a.offset < b.offset;
     }
   };
+  // Search key: the smallest free slice of at least `extent` bytes.
+  struct extent_key {
+    std::uint64_t extent;
+  };
+  struct key_fit {
+    bool operator()(const slice_node& a, const extent_key& k) const noexcept { return a.extent < k.extent; }
+    bool operator()(const extent_key& k, const slice_node& a) const noexcept { return k.extent < a.extent; }
+  };
   using free_tree = boost::intrusive::multiset<slice_node, boost::intrusive::compare<by_fit>>;
   // A page: one storage allocation. `live` counts its live slices.
   struct page_node {
