@@ -2,7 +2,7 @@
 // reconfigure (refused while memory is live, applied once it is free), persistent memory, and
 // the usage report.
 //
-//   devrt_host_demo [--layout LAYOUT] [--count N]
+//   devrt_core_tour [--layout LAYOUT] [--count N]
 //
 // LAYOUT is a preset (sub-slices, exclusive-pages) or a pool list such as
 // "sliced:page=1MiB,slice=256KiB;sliced:page=64MiB".
@@ -22,7 +22,7 @@ using namespace devrt::memory;
 namespace {
 
 int usage_error(const char* what) {
-  std::fprintf(stderr, "devrt_host_demo: %s\nusage: devrt_host_demo [--layout LAYOUT] [--count N]\n", what);
+  std::fprintf(stderr, "devrt_core_tour: %s\nusage: devrt_core_tour [--layout LAYOUT] [--count N]\n", what);
   return 2;
 }
 
@@ -65,7 +65,7 @@ int main(int argc, char** argv) {
   auto created = memory_manager::create(storage::make<devices::host_storage>(host),
                                         manager_options{"host", layout, persistent_policy::enabled, std::nullopt});
   if (!created) {
-    std::fprintf(stderr, "devrt_host_demo: %s\n", created.err().message().c_str());
+    std::fprintf(stderr, "devrt_core_tour: %s\n", created.err().message().c_str());
     return 1;
   }
   memory_manager& m = **created;

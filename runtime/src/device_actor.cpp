@@ -85,6 +85,31 @@ result<void> actor_core::read(const memory::memory_binding& b, void* dst, std::u
   return manager_->backing_storage().read(s->offset_end(s->size - size), dst);
 }
 
+result<void> actor_core::capture_begin() {
+  const bool was_capturing = manager_->capturing();
+  manager_->capture_begin();
+  if (was_capturing) return {};
+  if (auto r = manager_->backing_storage().begin_capture(); !r) {
+    (void)manager_->capture_end();  // undo: no window without the device's recording
+    return r;
+  }
+  SPDLOG_LOGGER_INFO(log_, "[{}] capture window opened", info_.name);
+  return {};
+}
+
+result<std::pair<std::vector<memory::memory_handle>, std::shared_ptr<memory::recorded_work>>> actor_core::capture_end() {
+  if (!manager_->capturing()) {
+    return error::make(errc::no_capture, "capture_end was called without capture_begin");
+  }
+  auto work = manager_->backing_storage().end_capture();
+  auto pins = manager_->capture_end();
+  if (!work) return std::move(work).err();
+  if (!pins) return std::move(pins).err();
+  SPDLOG_LOGGER_INFO(log_, "[{}] capture window closed: {} slices pinned{}", info_.name, pins->size(),
+                     *work ? ", device work recorded" : "");
+  return std::make_pair(std::move(*pins), std::move(*work));
+}
+
 void actor_core::enter_persistent() {
   if (persistent_depth_++ == 0) manager_->mode(memory::allocation_mode::persistent);
 }

@@ -1,5 +1,9 @@
 #include "devrt/runtime/runtime.hpp"
 
+#ifdef DEVRT_WITH_CUDA
+#include "devrt/devices/cuda_storage.hpp"
+#endif
+
 #include <spdlog/sinks/stdout_sinks.h>
 #include <spdlog/spdlog.h>
 
@@ -44,6 +48,15 @@ runtime::runtime(runtime_options opts) {
       add_device(device_info{device_kind::sim, 0, "sim", {}}, memory::storage::make<devices::sim_storage>(*opts.sim),
                  opts.sim_layout);
     }
+#ifdef DEVRT_WITH_CUDA
+    if (opts.use_cuda) {
+      const int n = devices::cuda_device_count();
+      for (int i = 0; i < n; ++i) {
+        add_device(device_info{device_kind::cuda, i, "cuda:" + std::to_string(i), {}},
+                   memory::storage::make<devices::cuda_storage>(i), opts.cuda_layout);
+      }
+    }
+#endif
   } catch (...) {
     shutdown();
     throw;
@@ -83,6 +96,12 @@ std::vector<device_info> runtime::devices() const {
   out.reserve(actors_.size());
   for (const auto& a : actors_) out.push_back(a->info());
   return out;
+}
+
+int runtime::count(device_kind kind) const {
+  int n = 0;
+  for (const auto& a : actors_) n += a->info().kind == kind ? 1 : 0;
+  return n;
 }
 
 compute_client runtime::client(device_kind kind, int index) const {

@@ -45,6 +45,17 @@ struct resource {
   storage_handle handle;        ///< the view itself
 };
 
+/// Device work recorded between `storage::begin_capture` and `storage::end_capture` (a CUDA
+/// graph, on CUDA devices), replayable on the device's queue.
+class recorded_work {
+ public:
+  virtual ~recorded_work() = default;
+  /// Enqueues one replay on the device's queue.
+  virtual result<void> launch() = 0;
+  /// Waits until every replay enqueued so far has finished.
+  virtual result<void> wait() = 0;
+};
+
 /// Properties of a device that the pool layouts are computed from.
 struct device_properties {
   std::uint64_t max_page_size = 0;  ///< largest single page the layouts may ask for
@@ -66,6 +77,16 @@ concept storage_backend = requires(S& s, const S& cs, std::uint64_t n, storage_i
   { s.read(h, static_cast<void*>(nullptr)) } -> std::same_as<result<void>>;
   { cs.pending_deallocations() } -> std::convertible_to<std::size_t>;
   { cs.name() } -> std::convertible_to<std::string>;
+};
+
+/// Optional capabilities of a backend whose device has a work queue (CUDA streams). Backends
+/// without them get the defaults of `storage`: no queue, nothing to capture, nothing to wait for.
+template <class S>
+concept queued_backend = requires(S& s) {
+  { s.native_queue() } -> std::same_as<void*>;
+  { s.begin_capture() } -> std::same_as<result<void>>;
+  { s.end_capture() } -> std::same_as<result<std::shared_ptr<recorded_work>>>;
+  { s.synchronize() } -> std::same_as<result<void>>;
 };
 
 /// Type-erased storage used by the memory manager. Owns the backend.
@@ -92,6 +113,15 @@ class storage {
   [[nodiscard]] std::size_t pending_deallocations() const { return impl_->pending(); }
   [[nodiscard]] std::string name() const { return impl_->name(); }
 
+  /// The device's work queue (a cudaStream_t on CUDA devices); nullptr when it has none.
+  [[nodiscard]] void* native_queue() { return impl_->native_queue(); }
+  /// Starts recording the work enqueued on the device's queue (no-op without a queue).
+  result<void> begin_capture() { return impl_->begin_capture(); }
+  /// Stops recording; nullptr when the device records nothing.
+  result<std::shared_ptr<recorded_work>> end_capture() { return impl_->end_capture(); }
+  /// Waits for the device's queue to drain.
+  result<void> synchronize() { return impl_->synchronize(); }
+
   /// The backend, for callers that know its type (tests, device-specific code).
   template <storage_backend S>
   [[nodiscard]] S* backend() noexcept {
@@ -112,6 +142,10 @@ class storage {
     virtual result<void> read(const storage_handle& h, void* dst) = 0;
     [[nodiscard]] virtual std::size_t pending() const = 0;
     [[nodiscard]] virtual std::string name() const = 0;
+    virtual void* native_queue() = 0;
+    virtual result<void> begin_capture() = 0;
+    virtual result<std::shared_ptr<recorded_work>> end_capture() = 0;
+    virtual result<void> synchronize() = 0;
   };
   template <class S>
   struct model final : concept_t {
@@ -126,6 +160,22 @@ class storage {
     result<void> read(const storage_handle& h, void* dst) override { return backend->read(h, dst); }
     [[nodiscard]] std::size_t pending() const override { return backend->pending_deallocations(); }
     [[nodiscard]] std::string name() const override { return backend->name(); }
+    void* native_queue() override {
+      if constexpr (queued_backend<S>) return backend->native_queue();
+      return nullptr;
+    }
+    result<void> begin_capture() override {
+      if constexpr (queued_backend<S>) return backend->begin_capture();
+      return {};
+    }
+    result<std::shared_ptr<recorded_work>> end_capture() override {
+      if constexpr (queued_backend<S>) return backend->end_capture();
+      return std::shared_ptr<recorded_work>();
+    }
+    result<void> synchronize() override {
+      if constexpr (queued_backend<S>) return backend->synchronize();
+      return {};
+    }
     std::unique_ptr<S> backend;
   };
   std::unique_ptr<concept_t> impl_;

@@ -49,6 +49,59 @@ using memory::memory_handle;
 struct submit_context {
   const device_info& device;
   std::span<const memory::resource> resources;  ///< one per binding given, in order
+  /// The device's queue: a cudaStream_t on CUDA devices (launch kernels on it), nullptr on
+  /// devices without one. The strand's thread is bound to the device.
+  void* stream = nullptr;
+};
+
+class compute_client;
+
+/// The result of a capture window: handles pinning the persistent memory the window touched and,
+/// on devices with a queue, the recorded work (a CUDA graph). Copies share the graph; when the
+/// last copy is dropped, the device waits for its replays and then releases the pins.
+class device_graph {
+ public:
+  device_graph() = default;
+  device_graph(std::shared_ptr<device_actor> actor, std::vector<memory_handle> pins,
+               std::shared_ptr<memory::recorded_work> work)
+      : state_(std::make_shared<state>(std::move(actor), std::move(pins), std::move(work))) {}
+
+  /// The pinned handles (one per persistent slice the window touched).
+  [[nodiscard]] const std::vector<memory_handle>& pins() const {
+    static const std::vector<memory_handle> none;
+    return state_ ? state_->pins : none;
+  }
+  /// Whether device work was recorded (CUDA devices).
+  [[nodiscard]] bool recorded() const noexcept { return state_ && state_->work != nullptr; }
+  [[nodiscard]] const std::shared_ptr<memory::recorded_work>& work() const noexcept {
+    static const std::shared_ptr<memory::recorded_work> none;
+    return state_ ? state_->work : none;
+  }
+  [[nodiscard]] const std::shared_ptr<device_actor>& actor() const noexcept {
+    static const std::shared_ptr<device_actor> none;
+    return state_ ? state_->actor : none;
+  }
+
+ private:
+  struct state {
+    state(std::shared_ptr<device_actor> a, std::vector<memory_handle> p, std::shared_ptr<memory::recorded_work> w)
+        : actor(std::move(a)), pins(std::move(p)), work(std::move(w)) {}
+    state(const state&) = delete;
+    state& operator=(const state&) = delete;
+    ~state() {
+      if (!actor) return;
+      // Release on the strand, after the replays already enqueued have finished.
+      actor->post(message([p = std::move(pins), w = std::move(work)](actor_core*, const error*) mutable {
+        if (w) (void)w->wait();
+        w.reset();
+        p.clear();
+      }));
+    }
+    std::shared_ptr<device_actor> actor;
+    std::vector<memory_handle> pins;
+    std::shared_ptr<memory::recorded_work> work;
+  };
+  std::shared_ptr<state> state_;
 };
 
 namespace detail {
@@ -220,7 +273,7 @@ class compute_client {
             if (!r) return std::move(r).err();
             resources.push_back(*r);
           }
-          submit_context ctx{c.info(), resources};
+          submit_context ctx{c.info(), resources, c.manager().backing_storage().native_queue()};
           if constexpr (std::is_void_v<R>) {
             f(ctx);
             return {};
@@ -277,21 +330,43 @@ class compute_client {
                                   std::forward<Token>(token));
   }
 
+  /// Opens a capture window: reserves go to the persistent pool (warm it first, by running the
+  /// work once), and on CUDA devices the work submitted until `capture_end` is recorded into a
+  /// graph instead of running.
   template <class Token = default_token>
   auto capture_begin(Token&& token = {}) const {
-    return async_run<void>(
-        [](actor_core& c) {
-          c.manager().capture_begin();
-          return result<void>();
+    return async_run<void>([](actor_core& c) { return c.capture_begin(); }, std::forward<Token>(token));
+  }
+
+  /// Closes the capture window. The graph pins exactly the persistent memory the window touched
+  /// and, on CUDA devices, holds the recorded work for `replay`.
+  template <class Token = default_token>
+  auto capture_end(Token&& token = {}) const {
+    return async_run<device_graph>(
+        [actor = actor_](actor_core& c) -> result<device_graph> {
+          auto r = c.capture_end();
+          if (!r) return std::move(r).err();
+          return device_graph(actor, std::move(r->first), std::move(r->second));
         },
         std::forward<Token>(token));
   }
 
-  /// Closes the capture window; the handles pin the persistent memory the window touched.
+  /// Enqueues one replay of a captured graph on the device's queue.
   template <class Token = default_token>
-  auto capture_end(Token&& token = {}) const {
-    return async_run<std::vector<memory_handle>>([](actor_core& c) { return c.manager().capture_end(); },
-                                                 std::forward<Token>(token));
+  auto replay(const device_graph& g, Token&& token = {}) const {
+    return async_run<void>(
+        [w = g.work()](actor_core&) -> result<void> {
+          if (!w) return error::make(errc::invalid_argument, "the graph recorded no device work to replay");
+          return w->launch();
+        },
+        std::forward<Token>(token));
+  }
+
+  /// Waits until the device's queue has drained (CUDA: the stream); immediate elsewhere.
+  template <class Token = default_token>
+  auto synchronize(Token&& token = {}) const {
+    return async_run<void>([](actor_core& c) { return c.manager().backing_storage().synchronize(); },
+                           std::forward<Token>(token));
   }
 
   /// Opens a persistent allocation scope: reserves and creates posted while it is open (from any

@@ -65,6 +65,11 @@ class actor_core {
   result<void> read(const memory::memory_binding& b, void* dst, std::uint64_t size);
   result<std::uint64_t> size_of(const memory::memory_binding& b);
 
+  /// Opens a capture window on the manager and, on devices with a queue, stream capture.
+  result<void> capture_begin();
+  /// Closes both; returns the pins and the recorded work (nullptr without a queue).
+  result<std::pair<std::vector<memory::memory_handle>, std::shared_ptr<memory::recorded_work>>> capture_end();
+
   /// Persistent scopes nest: the mode is persistent while at least one is open.
   void enter_persistent();
   void exit_persistent();

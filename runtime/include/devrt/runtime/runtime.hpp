@@ -31,6 +31,9 @@ struct runtime_options {
   /// Adds a simulated device (index 0 of kind sim) with these options.
   std::optional<devices::sim_options> sim;
   memory::memory_layout sim_layout = memory::preset::sub_slices;
+  /// Gives every CUDA device found an actor (when devrt is built with CUDA).
+  bool use_cuda = true;
+  memory::memory_layout cuda_layout = memory::preset::sub_slices;
   /// Config file; by default DEVRT_CONFIG names it, if set.
   std::optional<std::string> config_file;
   /// Read DEVRT_* environment variables.
@@ -63,6 +66,9 @@ class runtime {
   [[nodiscard]] compute_client client(device_kind kind, int index = 0) const;
   [[nodiscard]] compute_client host() const { return client(device_kind::host); }
   [[nodiscard]] compute_client sim() const { return client(device_kind::sim); }
+  [[nodiscard]] compute_client cuda(int index = 0) const { return client(device_kind::cuda, index); }
+  /// Number of devices of a kind.
+  [[nodiscard]] int count(device_kind kind) const;
   [[nodiscard]] const runtime_config& config() const noexcept { return config_; }
 
  private:
