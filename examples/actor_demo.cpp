@@ -37,7 +37,9 @@ int usage_error(const std::string& what) {
 }
 
 // The pattern of an allocation: 8-byte words derived from its id.
-std::uint64_t word(std::uint64_t id, std::uint64_t i) { return (id * 0x9E3779B97F4A7C15ULL) ^ (i * 0xBF58476D1CE4E5B9ULL); }
+std::uint64_t word(std::uint64_t id, std::uint64_t i) {
+  return (id * 0x9E3779B97F4A7C15ULL) ^ (i * 0xBF58476D1CE4E5B9ULL);
+}
 
 void fill(const memory::resource& r, std::uint64_t id) {
   auto* p = static_cast<unsigned char*>(r.ptr);
@@ -88,15 +90,17 @@ void worker(const compute_client& client, const settings& s, int index, thread_r
         ++out.errors;
         continue;
       }
-      out.reserve_us.push_back(std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count());
+      out.reserve_us.push_back(
+          std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count());
     } else {
       slot = client.create(size);
     }
     const auto id = slot.id().value;
-    client.submit({slot.binding()}, [id](submit_context& c) { fill(c.resources[0], id); },
-                  [](error_code ec) {
-                    if (ec) fill_errors.fetch_add(1, std::memory_order_relaxed);
-                  });
+    client.submit(
+        {slot.binding()}, [id](submit_context& c) { fill(c.resources[0], id); },
+        [](error_code ec) {
+          if (ec) fill_errors.fetch_add(1, std::memory_order_relaxed);
+        });
     if (checks.size() > 64) {
       for (auto& f : checks) (f.get() ? out.checked : out.corrupt) += 1;
       checks.clear();
@@ -182,9 +186,10 @@ int main(int argc, char** argv) {
   const double total = static_cast<double>(s.ops) * s.threads;
   std::printf("\n%.0f alloc+free pairs in %.3f s: %.2f M pairs/s (each with a pattern written on the device strand)\n",
               total, secs, total / secs / 1e6);
-  std::printf("reserve through a future, queued behind the other threads' messages (%zu samples): p50 %.1f us, "
-              "p90 %.1f us, p99 %.1f us, max %.1f us\n",
-              lat.size(), percentile(lat, 0.50), percentile(lat, 0.90), percentile(lat, 0.99), percentile(lat, 1.0));
+  std::printf(
+      "reserve through a future, queued behind the other threads' messages (%zu samples): p50 %.1f us, "
+      "p90 %.1f us, p99 %.1f us, max %.1f us\n",
+      lat.size(), percentile(lat, 0.50), percentile(lat, 0.90), percentile(lat, 0.99), percentile(lat, 1.0));
   std::printf("data integrity: %llu allocations checked before release, %llu corrupt; %llu errors\n",
               static_cast<unsigned long long>(checked), static_cast<unsigned long long>(corrupt),
               static_cast<unsigned long long>(errors));

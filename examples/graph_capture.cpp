@@ -77,7 +77,8 @@ int main(int argc, char** argv) {
       h = gpu.create(n * sizeof(float));
     }
     gpu.submit({x.binding(), w.binding(), b.binding(), h.binding(), y.binding()}, [n](submit_context& c) {
-      example::pipeline_step(static_cast<const float*>(c.resources[0].ptr), static_cast<const float*>(c.resources[1].ptr),
+      example::pipeline_step(static_cast<const float*>(c.resources[0].ptr),
+                             static_cast<const float*>(c.resources[1].ptr),
                              static_cast<const float*>(c.resources[2].ptr), static_cast<float*>(c.resources[3].ptr),
                              static_cast<float*>(c.resources[4].ptr), n, c.stream);
     });

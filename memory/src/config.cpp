@@ -1,9 +1,9 @@
 #include "devrt/memory/config.hpp"
 
+#include <fmt/format.h>
 #include <algorithm>
 #include <cctype>
 #include <cmath>
-#include <fmt/format.h>
 
 #include "devrt/memory/pool_context.hpp"
 
@@ -128,8 +128,8 @@ result<std::vector<pool_options>> resolve_layout(const memory_layout& layout, co
   for (std::size_t i = 0; i < list.size(); ++i) {
     if (const auto* x = std::get_if<exclusive_pool_config>(&list[i])) {
       if (x->dealloc_period && *x->dealloc_period == 0) return layout_error(errc::zero_size, i, "dealloc_period");
-      out.push_back(pool_options{pool_kind::exclusive, 0, align_up(x->max_alloc_size, align), std::nullopt,
-                                 x->dealloc_period});
+      out.push_back(
+          pool_options{pool_kind::exclusive, 0, align_up(x->max_alloc_size, align), std::nullopt, x->dealloc_period});
       continue;
     }
     const auto& s = std::get<sliced_pool_config>(list[i]);
@@ -257,8 +257,9 @@ result<memory_layout> parse_layout(std::string_view text) {
     if (part.empty()) continue;
     const std::size_t colon = part.find(':');
     if (colon == std::string_view::npos) {
-      return malformed_layout(part, "expected 'sliced:key=value,...' or 'exclusive:key=value,...' or a preset "
-                                    "(sub-slices, exclusive-pages)");
+      return malformed_layout(part,
+                              "expected 'sliced:key=value,...' or 'exclusive:key=value,...' or a preset "
+                              "(sub-slices, exclusive-pages)");
     }
     const std::string kind = lower(trim(part.substr(0, colon)));
     const bool sliced = kind == "sliced";
@@ -304,7 +305,8 @@ result<memory_layout> parse_layout(std::string_view text) {
                                            : "unknown key for an exclusive pool (use max, period)");
       }
     }
-    if (!has_main) return malformed_layout(part, sliced ? "a sliced pool needs page=SIZE" : "an exclusive pool needs max=SIZE");
+    if (!has_main)
+      return malformed_layout(part, sliced ? "a sliced pool needs page=SIZE" : "an exclusive pool needs max=SIZE");
     if (sliced) {
       pools.emplace_back(s);
     } else {
@@ -340,8 +342,9 @@ result<persistent_policy> parse_persistent_policy(std::string_view text) {
   if (v == "size-match" || v == "size_match") return persistent_policy::size_match;
   if (v == "disabled") return persistent_policy::disabled;
   if (v == "enforced") return persistent_policy::enforced;
-  error e = error::make(errc::malformed_config, "the persistent memory policy is one of enabled, size-match, "
-                                                "disabled, enforced");
+  error e = error::make(errc::malformed_config,
+                        "the persistent memory policy is one of enabled, size-match, "
+                        "disabled, enforced");
   e.text = std::string(text);
   return e;
 }

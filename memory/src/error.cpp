@@ -36,39 +36,44 @@ std::string error::message() const {
   switch (code) {
     case errc::ok: return "no error";
     case errc::not_found:
-      return fmt::format("memory not found: {}; the handle may be stale (replaced by bind), never bound, or from "
-                         "another device",
-                         detail);
-    case errc::already_bound:
-      return fmt::format("{}: bind needs a fresh handle from memory_handle::make()", detail);
+      return fmt::format(
+          "memory not found: {}; the handle may be stale (replaced by bind), never bound, or from "
+          "another device",
+          detail);
+    case errc::already_bound: return fmt::format("{}: bind needs a fresh handle from memory_handle::make()", detail);
     case errc::invalid_argument:
       if (size != 0 || limit != 0) return fmt::format("invalid argument: {} ({} > {})", detail, size, limit);
       return fmt::format("invalid argument: {}", detail);
     case errc::buffer_too_big:
-      return fmt::format("cannot allocate {} bytes: no pool of the layout accepts this size (the largest pool "
-                         "takes {} bytes); use a layout with a larger pool",
-                         size, limit);
+      return fmt::format(
+          "cannot allocate {} bytes: no pool of the layout accepts this size (the largest pool "
+          "takes {} bytes); use a layout with a larger pool",
+          size, limit);
     case errc::pool_capacity_exceeded:
-      return fmt::format("pool capacity exceeded: failed to reserve {} bytes, the pool is capped at {} bytes with {} "
-                         "bytes in use; free memory and retry, or raise max_pool_size",
-                         size, limit, in_use);
+      return fmt::format(
+          "pool capacity exceeded: failed to reserve {} bytes, the pool is capped at {} bytes with {} "
+          "bytes in use; free memory and retry, or raise max_pool_size",
+          size, limit, in_use);
     case errc::out_of_memory:
-      return fmt::format("out of device memory: the device refused {} bytes{} ({} bytes held by devrt, device "
-                         "capacity {}); free memory, run an explicit cleanup and retry",
-                         size, detail[0] != '\0' ? fmt::format(" [{}]", detail) : std::string(), in_use, limit);
+      return fmt::format(
+          "out of device memory: the device refused {} bytes{} ({} bytes held by devrt, device "
+          "capacity {}); free memory, run an explicit cleanup and retry",
+          size, detail[0] != '\0' ? fmt::format(" [{}]", detail) : std::string(), in_use, limit);
     case errc::empty_pool_list: return "invalid layout: the pool list is empty";
     case errc::zero_size: return fmt::format("invalid layout{}: `{}` must be non-zero", where, detail);
     case errc::slice_larger_than_page:
-      return fmt::format("invalid layout{}: max_slice_size ({} bytes) is larger than page_size ({} bytes)", where,
-                         size, limit);
+      return fmt::format("invalid layout{}: max_slice_size ({} bytes) is larger than page_size ({} bytes)", where, size,
+                         limit);
     case errc::cap_smaller_than_page:
-      return fmt::format("invalid layout{}: max_pool_size ({} bytes) is smaller than page_size ({} bytes); a capped "
-                         "pool holds whole pages",
-                         where, size, limit);
+      return fmt::format(
+          "invalid layout{}: max_pool_size ({} bytes) is smaller than page_size ({} bytes); a capped "
+          "pool holds whole pages",
+          where, size, limit);
     case errc::too_many_pages:
-      return fmt::format("invalid layout{}: max_pool_size allows {} pages, more than the {} one pool can hold; use "
-                         "larger pages",
-                         where, size, limit);
+      return fmt::format(
+          "invalid layout{}: max_pool_size allows {} pages, more than the {} one pool can hold; use "
+          "larger pages",
+          where, size, limit);
     case errc::too_many_pools:
       return fmt::format("invalid layout: {} pools given, at most {} are supported", size, limit);
     case errc::malformed_size:

@@ -1,7 +1,7 @@
 #include "devrt/memory/exclusive_pool.hpp"
 
-#include <algorithm>
 #include <fmt/format.h>
+#include <algorithm>
 
 namespace devrt::memory {
 

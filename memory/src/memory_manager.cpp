@@ -33,7 +33,7 @@ memory_manager::memory_manager(storage store, manager_options opts)
   layout_ = resolve_or_throw(opts_.layout, props_);
   build_pools(layout_);
   mode_ = opts_.mode.value_or(opts_.policy == persistent_policy::enforced ? allocation_mode::persistent
-                                                                           : allocation_mode::automatic);
+                                                                          : allocation_mode::automatic);
 }
 
 result<std::unique_ptr<memory_manager>> memory_manager::create(storage store, manager_options opts) {
@@ -165,7 +165,8 @@ result<memory_handle> memory_manager::reserve(std::uint64_t size) {
   e.size = size;
   std::uint64_t largest = 0;
   for (const auto& o : layout_) {
-    largest = std::max(largest, o.kind == pool_kind::sliced ? std::max(o.page_size, o.max_alloc_size) : o.max_alloc_size);
+    largest =
+        std::max(largest, o.kind == pool_kind::sliced ? std::max(o.page_size, o.max_alloc_size) : o.max_alloc_size);
   }
   e.limit = largest;
   return e;
@@ -185,8 +186,7 @@ result<void> memory_manager::bind(memory_handle reserved, const memory_handle& a
   detail::descriptor* dr = reserved.raw();
   detail::descriptor* da = assigned.raw();
   if (da == nullptr) return error::make(errc::invalid_argument, "the handle to bind is empty");
-  if (da == dr || da->loc.init ||
-      (da->state.load(std::memory_order_acquire) & detail::descriptor::attached_bit) != 0) {
+  if (da == dr || da->loc.init || (da->state.load(std::memory_order_acquire) & detail::descriptor::attached_bit) != 0) {
     return error::make(errc::already_bound, "the handle to bind already has memory");
   }
   auto view = find(dr);
@@ -389,8 +389,7 @@ std::string memory_manager::check_invariants() {
     return fmt::format("statistics count {} bytes in use, the pools {}", stats_.bytes_in_use, total.bytes_in_use);
   }
   if (total.bytes_reserved != stats_.bytes_reserved) {
-    return fmt::format("statistics count {} bytes reserved, the pools {}", stats_.bytes_reserved,
-                       total.bytes_reserved);
+    return fmt::format("statistics count {} bytes reserved, the pools {}", stats_.bytes_reserved, total.bytes_reserved);
   }
   if (stats_.driver_allocs - stats_.driver_frees < persistent_.slice_count()) {
     return "fewer pages allocated than the persistent pool holds";

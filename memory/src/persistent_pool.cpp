@@ -1,7 +1,7 @@
 #include "devrt/memory/persistent_pool.hpp"
 
-#include <algorithm>
 #include <fmt/format.h>
+#include <algorithm>
 #include <map>
 
 namespace devrt::memory {

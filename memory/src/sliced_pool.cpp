@@ -1,7 +1,7 @@
 #include "devrt/memory/sliced_pool.hpp"
 
-#include <algorithm>
 #include <fmt/format.h>
+#include <algorithm>
 
 namespace devrt::memory {
 
@@ -246,8 +246,8 @@ void sliced_pool::release_all(pool_context& ctx) {
 }
 
 std::string sliced_pool::report() const {
-  std::string out = fmt::format("sliced pool {}: page {}, max slice {}", index_, format_bytes(page_size_),
-                                format_bytes(max_alloc_));
+  std::string out =
+      fmt::format("sliced pool {}: page {}, max slice {}", index_, format_bytes(page_size_), format_bytes(max_alloc_));
   if (max_pages_) out += fmt::format(", cap {} pages", *max_pages_);
   if (opts_.dealloc_period) out += fmt::format(", dealloc period {}", *opts_.dealloc_period);
   out += fmt::format("; {} pages, {} live slices, {} in use, {} reserved\n", pages_.size(), usage_.number_allocs,
@@ -292,7 +292,8 @@ std::string sliced_pool::check_invariants() const {
       if (s.free) {
         if (prev_free) return fmt::format("pool {} page {}: two adjacent free slices not merged", index_, i);
         if (s.desc != nullptr) return fmt::format("pool {} page {}: free slice {} has a descriptor", index_, i, k);
-        if (!s.is_linked()) return fmt::format("pool {} page {}: free slice {} missing from the free tree", index_, i, k);
+        if (!s.is_linked())
+          return fmt::format("pool {} page {}: free slice {} missing from the free tree", index_, i, k);
         ++free_count;
       } else {
         if (s.is_linked()) return fmt::format("pool {} page {}: live slice {} is in the free tree", index_, i, k);
@@ -302,8 +303,8 @@ std::string sliced_pool::check_invariants() const {
           return fmt::format("pool {} page {}: live slice {} has a detached descriptor", index_, i, k);
         }
         if (s.desc->loc != location{index_, i, k, true}) {
-          return fmt::format("pool {} page {}: descriptor of slice {} points to pool {} page {} slice {}", index_, i,
-                             k, s.desc->loc.pool, s.desc->loc.page, s.desc->loc.slice);
+          return fmt::format("pool {} page {}: descriptor of slice {} points to pool {} page {} slice {}", index_, i, k,
+                             s.desc->loc.pool, s.desc->loc.page, s.desc->loc.slice);
         }
         if (s.size > s.extent) return fmt::format("pool {} page {}: slice {} size exceeds extent", index_, i, k);
         ++live;
@@ -325,10 +326,11 @@ std::string sliced_pool::check_invariants() const {
     return fmt::format("pool {}: {} free slices but {} in the free tree", index_, free_count, tree_.size());
   }
   if (!(sum == usage_)) {
-    return fmt::format("pool {}: usage counters ({} allocs, {} in use, {} padding, {} reserved) differ from the "
-                       "slices ({}, {}, {}, {})",
-                       index_, usage_.number_allocs, usage_.bytes_in_use, usage_.bytes_padding, usage_.bytes_reserved,
-                       sum.number_allocs, sum.bytes_in_use, sum.bytes_padding, sum.bytes_reserved);
+    return fmt::format(
+        "pool {}: usage counters ({} allocs, {} in use, {} padding, {} reserved) differ from the "
+        "slices ({}, {}, {}, {})",
+        index_, usage_.number_allocs, usage_.bytes_in_use, usage_.bytes_padding, usage_.bytes_reserved,
+        sum.number_allocs, sum.bytes_in_use, sum.bytes_padding, sum.bytes_reserved);
   }
   return {};
 }

@@ -1,9 +1,9 @@
 #include "devrt/runtime/config.hpp"
 
+#include <fmt/format.h>
 #include <algorithm>
 #include <cctype>
 #include <cstdlib>
-#include <fmt/format.h>
 #include <fstream>
 #include <sstream>
 
@@ -74,8 +74,9 @@ result<void> apply_config_text(runtime_config& cfg, std::string_view text, std::
       if (!l) return config_error(where, "log_level is one of disabled, basic, full");
       cfg.log = *l;
     } else if (key == "pools" || key == "layout") {
-      return config_error(where, "pool layouts are not read from config files; set them with configure() or a "
-                                 "tool's --layout option");
+      return config_error(where,
+                          "pool layouts are not read from config files; set them with configure() or a "
+                          "tool's --layout option");
     } else {
       return config_error(where, "unknown setting (known: persistent_memory, log_level)");
     }

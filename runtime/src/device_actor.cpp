@@ -1,9 +1,9 @@
 #include "devrt/runtime/device_actor.hpp"
 
+#include <spdlog/spdlog.h>
 #include <boost/asio/defer.hpp>
 #include <boost/asio/post.hpp>
 #include <boost/asio/system_executor.hpp>
-#include <spdlog/spdlog.h>
 
 namespace devrt::runtime {
 
@@ -97,7 +97,8 @@ result<void> actor_core::capture_begin() {
   return {};
 }
 
-result<std::pair<std::vector<memory::memory_handle>, std::shared_ptr<memory::recorded_work>>> actor_core::capture_end() {
+result<std::pair<std::vector<memory::memory_handle>, std::shared_ptr<memory::recorded_work>>>
+actor_core::capture_end() {
   if (!manager_->capturing()) {
     return error::make(errc::no_capture, "capture_end was called without capture_begin");
   }

@@ -77,8 +77,8 @@ void runtime::add_device(device_info info, memory::storage store, const memory::
   info.properties = store.properties();
   auto manager = std::make_unique<memory::memory_manager>(
       std::move(store), memory::manager_options{info.name, layout, config_.persistent_memory, std::nullopt});
-  actors_.push_back(std::make_shared<device_actor>(std::move(info), std::move(manager), completions_->get_executor(),
-                                                   log_));
+  actors_.push_back(
+      std::make_shared<device_actor>(std::move(info), std::move(manager), completions_->get_executor(), log_));
 }
 
 void runtime::shutdown() noexcept {

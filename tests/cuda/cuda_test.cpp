@@ -20,11 +20,11 @@ using memory::memory_handle;
 
 namespace {
 
-#define DEVRT_REQUIRE_GPU()                                                         \
-  do {                                                                              \
-    if (devices::cuda_device_count() == 0) {                                        \
+#define DEVRT_REQUIRE_GPU()                                                        \
+  do {                                                                             \
+    if (devices::cuda_device_count() == 0) {                                       \
       GTEST_SKIP() << "CUDA test skipped: " << devices::cuda_unavailable_reason(); \
-    }                                                                               \
+    }                                                                              \
   } while (false)
 
 std::vector<std::byte> bytes_of(std::uint64_t n, unsigned seed) {
@@ -95,9 +95,10 @@ TEST(CudaStorage, RefusedAllocationCarriesTheCudaErrorName) {
 
 TEST(CudaManager, FillTheGpuThenRecover) {
   DEVRT_REQUIRE_GPU();
-  memory::memory_manager m(memory::storage::make<devices::cuda_storage>(0),
-                           memory::manager_options{"cuda", memory::memory_layout(std::vector<memory::pool_config>{
-                                                               memory::exclusive_pool_config{8ULL << 30}})});
+  memory::memory_manager m(
+      memory::storage::make<devices::cuda_storage>(0),
+      memory::manager_options{
+          "cuda", memory::memory_layout(std::vector<memory::pool_config>{memory::exclusive_pool_config{8ULL << 30}})});
   std::vector<memory_handle> held;
   result<memory_handle> last = error::make(errc::ok);
   for (int i = 0; i < 64; ++i) {
@@ -130,7 +131,8 @@ TEST(CudaRuntime, DiscoversEveryGpu) {
 TEST(CudaRuntime, OutOfMemoryReclaimsOnceAndRetries) {
   DEVRT_REQUIRE_GPU();
   auto opts = cuda_only();
-  opts.cuda_layout = memory::memory_layout(std::vector<memory::pool_config>{memory::exclusive_pool_config{16ULL << 30}});
+  opts.cuda_layout =
+      memory::memory_layout(std::vector<memory::pool_config>{memory::exclusive_pool_config{16ULL << 30}});
   runtime::runtime rt(opts);
   auto c = rt.cuda();
   std::vector<memory_handle> held;
@@ -300,8 +302,7 @@ TEST(CudaRuntime, ReconfigureBetweenModels) {
   }
   std::vector<memory_handle> activations;
   for (int i = 0; i < 32; ++i) activations.push_back(c.create(1ULL << 20));
-  const auto layout_b =
-      memory::parse_layout("exclusive:max=0;sliced:page=64MiB,slice=4MiB;sliced:page=1GiB").value();
+  const auto layout_b = memory::parse_layout("exclusive:max=0;sliced:page=64MiB,slice=4MiB;sliced:page=1GiB").value();
   auto kept = c.configure(layout_b).get();
   EXPECT_FALSE(kept.applied);
   EXPECT_EQ(kept.live_bytes, 32ULL << 20);

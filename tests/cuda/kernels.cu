@@ -48,14 +48,14 @@ unsigned int blocks_for(std::uint64_t n) {
 
 void fill_pattern(void* ptr, std::uint64_t bytes, std::uint32_t seed, void* stream) {
   const std::uint64_t words = bytes / 4;
-  fill_kernel<<<blocks_for(words), 256, 0, static_cast<cudaStream_t>(stream)>>>(static_cast<std::uint32_t*>(ptr),
-                                                                                  words, seed);
+  fill_kernel<<<blocks_for(words), 256, 0, static_cast<cudaStream_t>(stream)>>>(static_cast<std::uint32_t*>(ptr), words,
+                                                                                seed);
 }
 
 void check_pattern(const void* ptr, std::uint64_t bytes, std::uint32_t seed, unsigned int* mismatches, void* stream) {
   const std::uint64_t words = bytes / 4;
-  check_kernel<<<blocks_for(words), 256, 0, static_cast<cudaStream_t>(stream)>>>(
-      static_cast<const std::uint32_t*>(ptr), words, seed, mismatches);
+  check_kernel<<<blocks_for(words), 256, 0, static_cast<cudaStream_t>(stream)>>>(static_cast<const std::uint32_t*>(ptr),
+                                                                                 words, seed, mismatches);
 }
 
 void saxpy(float a, const float* x, float* y, std::uint64_t n, void* stream) {

@@ -15,7 +15,8 @@ struct fixture {
   std::unique_ptr<memory_manager> m;
 };
 
-fixture make(std::vector<pool_config> pools, std::uint64_t alignment, persistent_policy policy = persistent_policy::enabled) {
+fixture make(std::vector<pool_config> pools, std::uint64_t alignment,
+             persistent_policy policy = persistent_policy::enabled) {
   devices::sim_options o;
   o.props = {128ULL << 20, alignment, 0};
   auto backend = std::make_unique<devices::sim_storage>(o);
@@ -163,7 +164,9 @@ TEST(Flaws, BindingSurvivesRenumberAndStaleCopyIsNotFound) {
 // location from another manager. devrt answers not_found.
 TEST(Flaws, ForeignHandleIsNotFoundNotACrash) {
   auto f1 = make({sliced_pool_config{1 << 20, std::nullopt, std::nullopt, std::nullopt}}, 512);
-  auto f2 = make({exclusive_pool_config{1 << 20, std::nullopt}, sliced_pool_config{1 << 20, std::nullopt, std::nullopt, std::nullopt}}, 512);
+  auto f2 = make({exclusive_pool_config{1 << 20, std::nullopt},
+                  sliced_pool_config{1 << 20, std::nullopt, std::nullopt, std::nullopt}},
+                 512);
   std::vector<memory_handle> many;
   for (int i = 0; i < 50; ++i) many.push_back(f1.m->reserve(4096).value());
   for (auto& h : many) {

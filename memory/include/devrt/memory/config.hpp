@@ -22,7 +22,7 @@ inline constexpr std::uint64_t max_pages_per_pool = 65535;
 /// One pool of a layout as the user writes it; sizes are rounded up to the device alignment when
 /// the layout is resolved.
 struct exclusive_pool_config {
-  std::uint64_t max_alloc_size = 0;            ///< largest size the pool accepts (0: only size 0)
+  std::uint64_t max_alloc_size = 0;             ///< largest size the pool accepts (0: only size 0)
   std::optional<std::uint64_t> dealloc_period;  ///< reserves between checks for unused pages
   friend bool operator==(const exclusive_pool_config&, const exclusive_pool_config&) = default;
 };
@@ -48,7 +48,7 @@ struct memory_layout {
   std::variant<preset, std::vector<pool_config>> value = preset::sub_slices;
 
   memory_layout() = default;
-  memory_layout(preset p) : value(p) {}                          // NOLINT(google-explicit-constructor)
+  memory_layout(preset p) : value(p) {}                                       // NOLINT(google-explicit-constructor)
   memory_layout(std::vector<pool_config> pools) : value(std::move(pools)) {}  // NOLINT
 };
 

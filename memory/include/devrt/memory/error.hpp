@@ -18,9 +18,9 @@ namespace devrt {
 enum class errc : int {
   ok = 0,
   // Lookup and use of handles.
-  not_found = 1,          ///< handle or binding does not resolve (never initialized, stale, freed)
-  already_bound = 2,      ///< the handle given to bind already has memory
-  invalid_argument = 3,   ///< an argument is out of range (e.g. a view past the end of a slice)
+  not_found = 1,         ///< handle or binding does not resolve (never initialized, stale, freed)
+  already_bound = 2,     ///< the handle given to bind already has memory
+  invalid_argument = 3,  ///< an argument is out of range (e.g. a view past the end of a slice)
   // Allocation.
   buffer_too_big = 10,          ///< no pool accepts this size: permanent
   pool_capacity_exceeded = 11,  ///< the accepting pool is capped and full: transient
@@ -44,14 +44,10 @@ enum class errc : int {
 };
 
 /// Whether an error kind means the layout or configuration given was invalid.
-constexpr bool is_config_error(errc c) noexcept {
-  return static_cast<int>(c) >= 20 && static_cast<int>(c) < 30;
-}
+constexpr bool is_config_error(errc c) noexcept { return static_cast<int>(c) >= 20 && static_cast<int>(c) < 30; }
 
 /// Whether retrying after freeing memory can succeed.
-constexpr bool is_transient(errc c) noexcept {
-  return c == errc::pool_capacity_exceeded || c == errc::out_of_memory;
-}
+constexpr bool is_transient(errc c) noexcept { return c == errc::pool_capacity_exceeded || c == errc::out_of_memory; }
 
 /// Short stable name of an error kind ("not_found", "buffer_too_big", ...).
 const char* to_string(errc c) noexcept;
@@ -60,11 +56,11 @@ const char* to_string(errc c) noexcept;
 /// message says them in words.
 struct error {
   errc code = errc::ok;
-  std::uint64_t size = 0;      ///< requested size, or the offending value
-  std::uint64_t limit = 0;     ///< capacity, page size, maximum allowed value
-  std::uint64_t in_use = 0;    ///< bytes in use where relevant
-  const char* detail = "";     ///< static text: a reason, a field name, an error name
-  std::string text;            ///< input echoed back (parse errors); empty on hot paths
+  std::uint64_t size = 0;    ///< requested size, or the offending value
+  std::uint64_t limit = 0;   ///< capacity, page size, maximum allowed value
+  std::uint64_t in_use = 0;  ///< bytes in use where relevant
+  const char* detail = "";   ///< static text: a reason, a field name, an error name
+  std::string text;          ///< input echoed back (parse errors); empty on hot paths
 
   /// A full sentence saying what happened and, where useful, what to do.
   [[nodiscard]] std::string message() const;

@@ -32,7 +32,8 @@ class exclusive_pool {
   result<detail::descriptor*> alloc(pool_context& ctx, std::uint64_t size);
   void release(pool_context& ctx, const location& loc);
   [[nodiscard]] result<slice_view> find(const detail::descriptor* d) const;
-  result<void> bind(pool_context& ctx, detail::descriptor* reserved, detail::descriptor* assigned, std::uint64_t cursor);
+  result<void> bind(pool_context& ctx, detail::descriptor* reserved, detail::descriptor* assigned,
+                    std::uint64_t cursor);
   void tick(pool_context& ctx, std::uint64_t reserve_count);
   void cleanup(pool_context& ctx, bool explicit_cleanup);
   void release_all(pool_context& ctx);

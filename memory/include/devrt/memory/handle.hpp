@@ -58,9 +58,9 @@ struct descriptor {
 
   std::atomic<std::uint64_t> state{0};
   memory_id id{};
-  location loc{};                        // owner thread only
-  release_queue* queue = nullptr;        // set before attached is published
-  descriptor* next_released = nullptr;   // link in the release queue or a free list
+  location loc{};                       // owner thread only
+  release_queue* queue = nullptr;       // set before attached is published
+  descriptor* next_released = nullptr;  // link in the release queue or a free list
 
   static std::uint64_t total(std::uint64_t s) noexcept { return s & total_mask; }
   static std::uint64_t handles(std::uint64_t s) noexcept { return (s & handle_mask) >> 32; }
@@ -109,7 +109,8 @@ class memory_handle {
 
   /// Drops this reference (the handle becomes empty).
   void reset() noexcept {
-    if (d_ != nullptr) std::exchange(d_, nullptr)->release(detail::descriptor::one_handle | detail::descriptor::one_ref);
+    if (d_ != nullptr)
+      std::exchange(d_, nullptr)->release(detail::descriptor::one_handle | detail::descriptor::one_ref);
   }
 
   [[nodiscard]] bool empty() const noexcept { return d_ == nullptr; }
@@ -119,8 +120,7 @@ class memory_handle {
   /// True when this is the only user handle (bindings do not count): the memory may be mutated
   /// in place.
   [[nodiscard]] bool can_mut() const noexcept {
-    return d_ != nullptr &&
-           detail::descriptor::handles(d_->state.load(std::memory_order_acquire)) == 1;
+    return d_ != nullptr && detail::descriptor::handles(d_->state.load(std::memory_order_acquire)) == 1;
   }
   /// Number of user handles sharing this identity (for tests and diagnostics).
   [[nodiscard]] std::uint64_t use_count() const noexcept {

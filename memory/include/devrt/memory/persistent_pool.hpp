@@ -34,7 +34,8 @@ class persistent_pool {
   result<detail::descriptor*> alloc(pool_context& ctx, std::uint64_t size);
   void release(pool_context& ctx, const location& loc);
   [[nodiscard]] result<slice_view> find(const detail::descriptor* d) const;
-  result<void> bind(pool_context& ctx, detail::descriptor* reserved, detail::descriptor* assigned, std::uint64_t cursor);
+  result<void> bind(pool_context& ctx, detail::descriptor* reserved, detail::descriptor* assigned,
+                    std::uint64_t cursor);
   /// Explicit only: returns every free slice to the storage.
   void cleanup(pool_context& ctx, bool explicit_cleanup);
   void release_all(pool_context& ctx);

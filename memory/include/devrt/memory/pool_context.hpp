@@ -61,8 +61,7 @@ struct pool_context {
     d->loc = loc;
     d->queue = &queue;
     // The slice's own reference plus the handle returned to the caller.
-    d->state.store(detail::descriptor::attached_bit | detail::descriptor::one_handle | 2,
-                   std::memory_order_release);
+    d->state.store(detail::descriptor::attached_bit | detail::descriptor::one_handle | 2, std::memory_order_release);
     return d;
   }
   /// Attaches an existing descriptor (from bind) that callers already hold.
@@ -106,7 +105,7 @@ struct pool_context {
 
 /// The state of one live or free slice as lookups see it.
 struct slice_view {
-  storage_handle storage;   ///< page id, offset of the slice, requested size
+  storage_handle storage;  ///< page id, offset of the slice, requested size
   std::uint64_t padding = 0;
   std::uint64_t cursor = 0;
 };

@@ -40,7 +40,8 @@ class sliced_pool {
   /// The slice that `d` refers to, after checking the location and the identity.
   result<slice_view> find(const detail::descriptor* d) const;
   /// Replaces the identity of the slice of `reserved` by `assigned`.
-  result<void> bind(pool_context& ctx, detail::descriptor* reserved, detail::descriptor* assigned, std::uint64_t cursor);
+  result<void> bind(pool_context& ctx, detail::descriptor* reserved, detail::descriptor* assigned,
+                    std::uint64_t cursor);
   /// Periodic release of pages that stayed free for a whole period (no-op without a period).
   void tick(pool_context& ctx, std::uint64_t reserve_count);
   /// Returns fully free pages (explicit only) and renumbers the pages that remain.

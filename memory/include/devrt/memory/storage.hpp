@@ -32,17 +32,15 @@ struct storage_handle {
     return {id, offset + n, size - n};
   }
   /// The view with `n` bytes trimmed off its end (`n <= size`).
-  [[nodiscard]] constexpr storage_handle offset_end(std::uint64_t n) const noexcept {
-    return {id, offset, size - n};
-  }
+  [[nodiscard]] constexpr storage_handle offset_end(std::uint64_t n) const noexcept { return {id, offset, size - n}; }
   friend constexpr bool operator==(const storage_handle&, const storage_handle&) = default;
 };
 
 /// What a resolved view gives to the code that uses the memory.
 struct resource {
-  void* ptr = nullptr;          ///< address of the first byte (nullptr on the sim device)
-  std::uint64_t size = 0;       ///< bytes in the view
-  storage_handle handle;        ///< the view itself
+  void* ptr = nullptr;     ///< address of the first byte (nullptr on the sim device)
+  std::uint64_t size = 0;  ///< bytes in the view
+  storage_handle handle;   ///< the view itself
 };
 
 /// Device work recorded between `storage::begin_capture` and `storage::end_capture` (a CUDA
@@ -65,8 +63,7 @@ struct device_properties {
 
 /// The contract of a storage backend.
 template <class S>
-concept storage_backend = requires(S& s, const S& cs, std::uint64_t n, storage_id id,
-                                   const storage_handle& h) {
+concept storage_backend = requires(S& s, const S& cs, std::uint64_t n, storage_id id, const storage_handle& h) {
   { cs.alignment() } -> std::convertible_to<std::uint64_t>;
   { cs.properties() } -> std::same_as<device_properties>;
   { s.alloc(n) } -> std::same_as<result<storage_handle>>;

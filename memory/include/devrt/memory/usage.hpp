@@ -33,13 +33,13 @@ struct memory_statistics {
   std::uint64_t peak_bytes_reserved = 0;
   std::uint64_t bytes_in_use = 0;
   std::uint64_t peak_bytes_in_use = 0;
-  std::uint64_t reserves = 0;            ///< successful reserves
-  std::uint64_t driver_allocs = 0;       ///< pages allocated from the storage
-  std::uint64_t driver_frees = 0;        ///< pages returned to the storage
-  std::uint64_t failed_reserves = 0;     ///< reserves that returned an error
-  std::uint64_t out_of_memory = 0;       ///< storage allocations refused by the device
-  std::uint64_t cleanups = 0;            ///< explicit cleanups run
-  std::uint64_t reclaims = 0;            ///< cleanups forced by an out-of-memory before a retry
+  std::uint64_t reserves = 0;         ///< successful reserves
+  std::uint64_t driver_allocs = 0;    ///< pages allocated from the storage
+  std::uint64_t driver_frees = 0;     ///< pages returned to the storage
+  std::uint64_t failed_reserves = 0;  ///< reserves that returned an error
+  std::uint64_t out_of_memory = 0;    ///< storage allocations refused by the device
+  std::uint64_t cleanups = 0;         ///< explicit cleanups run
+  std::uint64_t reclaims = 0;         ///< cleanups forced by an out-of-memory before a retry
 
   [[nodiscard]] std::string to_string() const;
 };

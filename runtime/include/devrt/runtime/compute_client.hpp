@@ -138,9 +138,8 @@ void complete(Handler& handler, Work& work, result<R> r) {
     boost::asio::dispatch(work, [h = std::move(handler), ec]() mutable { std::move(h)(ec); });
   } else {
     R value = r ? std::move(*r) : R{};
-    boost::asio::dispatch(work, [h = std::move(handler), ec, v = std::move(value)]() mutable {
-      std::move(h)(ec, std::move(v));
-    });
+    boost::asio::dispatch(
+        work, [h = std::move(handler), ec, v = std::move(value)]() mutable { std::move(h)(ec, std::move(v)); });
   }
 }
 
@@ -167,14 +166,14 @@ class compute_client {
         [](auto handler, std::shared_ptr<device_actor> actor, std::decay_t<Body> b) {
           auto ex = boost::asio::get_associated_executor(handler, actor->completion_executor());
           auto work = boost::asio::prefer(ex, boost::asio::execution::outstanding_work.tracked);
-          actor->post(message(
-              [h = std::move(handler), b = std::move(b), w = std::move(work)](actor_core* core, const error* e) mutable {
-                if (core != nullptr) {
-                  detail::complete<R>(h, w, detail::invoke_body<R>(b, *core));
-                } else {
-                  detail::complete<R>(h, w, result<R>(*e));
-                }
-              }));
+          actor->post(message([h = std::move(handler), b = std::move(b), w = std::move(work)](actor_core* core,
+                                                                                              const error* e) mutable {
+            if (core != nullptr) {
+              detail::complete<R>(h, w, detail::invoke_body<R>(b, *core));
+            } else {
+              detail::complete<R>(h, w, result<R>(*e));
+            }
+          }));
         },
         token, actor_, std::forward<Body>(body));
   }
@@ -218,22 +217,18 @@ class compute_client {
   /// Gives the memory of `reserved` to `assigned` (a fresh `memory_handle::make()`).
   template <class Token = default_token>
   auto bind(memory_handle reserved, memory_handle assigned, Token&& token = {}) const {
-    return async_run<void>(
-        [r = std::move(reserved), a = std::move(assigned)](actor_core& c) mutable {
-          return c.manager().bind(std::move(r), a);
-        },
-        std::forward<Token>(token));
+    return async_run<void>([r = std::move(reserved), a = std::move(assigned)](
+                               actor_core& c) mutable { return c.manager().bind(std::move(r), a); },
+                           std::forward<Token>(token));
   }
 
   /// The resource (pointer, size) of an allocation, optionally trimmed at either end.
   template <class Token = default_token>
   auto get_resource(memory_binding b, Token&& token = {}, std::optional<std::uint64_t> offset_start = {},
                     std::optional<std::uint64_t> offset_end = {}) const {
-    return async_run<memory::resource>(
-        [b = std::move(b), offset_start, offset_end](actor_core& c) {
-          return c.get_resource(b, offset_start, offset_end);
-        },
-        std::forward<Token>(token));
+    return async_run<memory::resource>([b = std::move(b), offset_start, offset_end](
+                                           actor_core& c) { return c.get_resource(b, offset_start, offset_end); },
+                                       std::forward<Token>(token));
   }
 
   /// Copies `bytes` into the start of the allocation (stream-ordered on CUDA).

@@ -34,16 +34,15 @@ const char* to_string(device_kind k) noexcept;
 /// What the runtime knows of a device.
 struct device_info {
   device_kind kind = device_kind::host;
-  int index = 0;          ///< index among the devices of its kind
-  std::string name;       ///< "host", "sim", "cuda:0"
+  int index = 0;     ///< index among the devices of its kind
+  std::string name;  ///< "host", "sim", "cuda:0"
   memory::device_properties properties;
 };
 
 /// The state a device strand owns. Every member is called on the strand only.
 class actor_core {
  public:
-  actor_core(std::unique_ptr<memory::memory_manager> manager, std::shared_ptr<spdlog::logger> log,
-             device_info info);
+  actor_core(std::unique_ptr<memory::memory_manager> manager, std::shared_ptr<spdlog::logger> log, device_info info);
 
   memory::memory_manager& manager() noexcept { return *manager_; }
   spdlog::logger& log() noexcept { return *log_; }
@@ -110,9 +109,7 @@ class device_actor : public std::enable_shared_from_this<device_actor> {
   void detach_completions() noexcept { completions_alive_.store(false, std::memory_order_release); }
 
   /// Messages processed and drains run (for tests and benchmarks).
-  [[nodiscard]] std::uint64_t messages_processed() const noexcept {
-    return processed_.load(std::memory_order_relaxed);
-  }
+  [[nodiscard]] std::uint64_t messages_processed() const noexcept { return processed_.load(std::memory_order_relaxed); }
   [[nodiscard]] std::uint64_t drains() const noexcept { return drains_.load(std::memory_order_relaxed); }
 
   /// Most messages one drain runs before it yields the strand and reschedules itself.

@@ -83,19 +83,17 @@ class message {
     return **reinterpret_cast<T**>(p);  // NOLINT
   }
   template <class T>
-  static constexpr vtable inline_vtable{
-      [](void* p, actor_core& c) { inl<T>(p)(&c, nullptr); },
-      [](void* p, const error& e) noexcept { inl<T>(p)(nullptr, &e); },
-      [](void* p) noexcept { inl<T>(p).~T(); },
-      [](void* from, void* to) noexcept {
-        ::new (to) T(std::move(inl<T>(from)));
-        inl<T>(from).~T();
-      }};
+  static constexpr vtable inline_vtable{[](void* p, actor_core& c) { inl<T>(p)(&c, nullptr); },
+                                        [](void* p, const error& e) noexcept { inl<T>(p)(nullptr, &e); },
+                                        [](void* p) noexcept { inl<T>(p).~T(); },
+                                        [](void* from, void* to) noexcept {
+                                          ::new (to) T(std::move(inl<T>(from)));
+                                          inl<T>(from).~T();
+                                        }};
   template <class T>
   static constexpr vtable heap_vtable{
       [](void* p, actor_core& c) { heap<T>(p)(&c, nullptr); },
-      [](void* p, const error& e) noexcept { heap<T>(p)(nullptr, &e); },
-      [](void* p) noexcept { delete &heap<T>(p); },
+      [](void* p, const error& e) noexcept { heap<T>(p)(nullptr, &e); }, [](void* p) noexcept { delete &heap<T>(p); },
       [](void* from, void* to) noexcept { *reinterpret_cast<T**>(to) = *reinterpret_cast<T**>(from); }};  // NOLINT
 
   void reset() noexcept {
