@@ -1,0 +1,231 @@
+// The replay engine on tiny traces whose peak live, peak reserved and ratio are known by hand.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <string>
+
+#include "devrt/memory/config.hpp"
+#include "replay/replay.hpp"
+#include "replay/trace.hpp"
+
+namespace devrt::replay {
+namespace {
+
+trace make(const char* text) {
+  auto t = parse_trace(text, trace_format::devrt, "inline");
+  if (!t) throw exception(t.err());
+  t->name = "inline";
+  return std::move(t).value();
+}
+
+memory::memory_layout layout(const char* text) { return memory::parse_layout(text).value(); }
+
+// One sliced pool of 4 KiB pages on the sim device (512-byte alignment):
+//   a0 3000 -> page A [3072 used]            live 3000   reserved 4096
+//   a1 3000 -> page B (A has 1024 free)      live 6000   reserved 8192
+//   f0      -> A is whole again              live 3000
+//   a2 4000 -> A (extent 4096)               live 7000
+//   a3 1000 -> B's last 1024 bytes           live 8000   <- peak live
+//   f1 f2 f3                                 live 0      (no period: pages are kept)
+// Peak reserved 8192, ratio 8192 / 8000 = 1.024, 2 driver allocations, 0 frees.
+constexpr const char* by_hand = "a 0 3000\na 1 3000\nf 0\na 2 4000\na 3 1000\nf 1\nf 2\nf 3\n";
+
+TEST(ReplayCore, PeakLiveReservedAndRatioByHand) {
+  const trace t = make(by_hand);
+  replay_options o;
+  o.layout = layout("sliced:page=4KiB");
+  auto r = replay(t, o);
+  ASSERT_TRUE(r) << r.err().message();
+  EXPECT_FALSE(r->actor);
+  EXPECT_EQ(r->device, "sim-h200");
+  EXPECT_EQ(r->events, 8U);
+  EXPECT_EQ(r->allocations, 4U);
+  EXPECT_EQ(r->frees, 4U);
+  EXPECT_EQ(r->peak_live_bytes, 8000U);
+  EXPECT_EQ(r->peak_reserved_bytes, 8192U);
+  EXPECT_EQ(r->peak_in_use_bytes, 8000U);  // the manager agrees with the trace
+  EXPECT_DOUBLE_EQ(r->ratio, 8192.0 / 8000.0);
+  EXPECT_EQ(r->driver_allocs, 2U);
+  EXPECT_EQ(r->driver_frees, 0U);
+  EXPECT_EQ(r->reserved_at_end, 8192U);
+  EXPECT_EQ(r->failures, 0U);
+  EXPECT_GT(r->seconds, 0.0);
+  EXPECT_GT(r->ns_per_event, 0.0);
+}
+
+TEST(ReplayCore, HostDeviceGivesTheSameFigures) {
+  const trace t = make(by_hand);
+  replay_options o;
+  o.device = device_choice::host;
+  o.layout = layout("sliced:page=4KiB");
+  auto r = replay(t, o);
+  ASSERT_TRUE(r) << r.err().message();
+  EXPECT_EQ(r->device, "host");
+  EXPECT_EQ(r->peak_reserved_bytes, 8192U);
+  EXPECT_EQ(r->peak_live_bytes, 8000U);
+}
+
+TEST(ReplayCore, IdlePagesReturnedAfterThePeriodAreDriverFrees) {
+  // period=2: a page idle at two checks in a row (checks every 2 reserves) goes back to the
+  // device. A holds a0, B holds a1; after f0 the 100-byte allocations best-fit into B's last
+  // 1024 bytes, so A stays idle from the check at reserve 4 to the one at reserve 6.
+  const trace t = make("a 0 3000\na 1 3000\nf 0\na 2 100\nf 2\na 3 100\nf 3\na 4 100\nf 4\na 5 100\n");
+  replay_options o;
+  o.layout = layout("sliced:page=4KiB,period=2");
+  auto r = replay(t, o);
+  ASSERT_TRUE(r) << r.err().message();
+  EXPECT_EQ(r->driver_allocs, 2U);
+  EXPECT_EQ(r->driver_frees, 1U);
+  EXPECT_EQ(r->reserved_at_end, 4096U);
+  EXPECT_EQ(r->peak_reserved_bytes, 8192U);
+}
+
+TEST(ReplayCore, FailuresAreCountedAndTheReplayGoesOn) {
+  // 5000 bytes fit no 4 KiB page: buffer_too_big, a permanent error. Its free is a no-op.
+  const trace t = make("a 0 100\na 1 5000\nf 1\na 2 5000\nf 0\n");
+  replay_options o;
+  o.layout = layout("sliced:page=4KiB");
+  auto r = replay(t, o);
+  ASSERT_TRUE(r) << r.err().message();
+  EXPECT_EQ(r->events, 5U);
+  EXPECT_EQ(r->failures, 2U);
+  EXPECT_FALSE(r->stopped);
+  EXPECT_NE(r->first_failure.find("event 1 (a 1 5000)"), std::string::npos) << r->first_failure;
+  EXPECT_NE(r->first_failure.find("5000 bytes"), std::string::npos) << r->first_failure;
+  // Live bytes follow the trace, not the allocator.
+  EXPECT_EQ(r->peak_live_bytes, 5100U);
+}
+
+TEST(ReplayCore, StrictStopsAtTheFirstFailure) {
+  const trace t = make("a 0 100\na 1 5000\nf 1\na 2 5000\nf 0\n");
+  replay_options o;
+  o.layout = layout("sliced:page=4KiB");
+  o.strict = true;
+  auto r = replay(t, o);
+  ASSERT_TRUE(r);
+  EXPECT_TRUE(r->stopped);
+  EXPECT_EQ(r->events, 2U);
+  EXPECT_EQ(r->failures, 1U);
+}
+
+TEST(ReplayCore, InvalidLayoutIsAnError) {
+  const trace t = make(by_hand);
+  replay_options o;
+  o.layout = memory::memory_layout(std::vector<memory::pool_config>{memory::sliced_pool_config{0}});
+  auto r = replay(t, o);
+  ASSERT_FALSE(r);
+  EXPECT_EQ(r.code(), errc::zero_size);
+}
+
+TEST(ReplayCore, TimelineCoversEveryEventAndKeepsThePeaks) {
+  std::string text;
+  for (int i = 0; i < 1000; ++i) text += "a " + std::to_string(i) + " " + std::to_string(1000 + (i % 7) * 512) + "\n";
+  for (int i = 0; i < 1000; i += 2) text += "f " + std::to_string(i) + "\n";
+  const trace t = make(text.c_str());
+  replay_options o;
+  o.layout = layout("sliced:page=64KiB");
+  o.timeline_samples = 100;
+  auto r = replay(t, o);
+  ASSERT_TRUE(r);
+  ASSERT_GE(r->timeline.size(), 100U);
+  ASSERT_LE(r->timeline.size(), 101U);
+  EXPECT_EQ(r->timeline.back().event, t.events.size());
+  EXPECT_TRUE(std::is_sorted(r->timeline.begin(), r->timeline.end(),
+                             [](const timeline_point& a, const timeline_point& b) { return a.event < b.event; }));
+  std::uint64_t max_live = 0;
+  std::uint64_t max_reserved = 0;
+  for (const auto& p : r->timeline) {
+    max_live = std::max(max_live, p.live_bytes);
+    max_reserved = std::max(max_reserved, p.reserved_bytes);
+    EXPECT_LE(p.live_bytes, p.reserved_bytes);
+  }
+  EXPECT_EQ(max_live, r->peak_live_bytes);
+  EXPECT_EQ(max_reserved, r->peak_reserved_bytes);
+  EXPECT_EQ(r->peak_live_bytes, summarize(t).peak_live_bytes);
+}
+
+TEST(ReplayCore, ProgressReachesTheEnd) {
+  const trace t = make(by_hand);
+  replay_options o;
+  std::uint64_t last = 0;
+  std::uint64_t calls = 0;
+  o.progress = [&](std::uint64_t done, std::uint64_t total) {
+    EXPECT_EQ(total, 8U);
+    EXPECT_GE(done, last);
+    last = done;
+    ++calls;
+  };
+  ASSERT_TRUE(replay(t, o));
+  EXPECT_EQ(last, 8U);
+  EXPECT_GE(calls, 2U);
+}
+
+class ReplayActor : public ::testing::TestWithParam<std::tuple<std::size_t, bool>> {};
+
+TEST_P(ReplayActor, PlaysEveryEventOnTheActor) {
+  const auto [threads, wait] = GetParam();
+  std::string text;
+  for (int i = 0; i < 400; ++i) text += "a " + std::to_string(i) + " " + std::to_string(100 + i) + "\n";
+  for (int i = 0; i < 400; ++i) text += "f " + std::to_string(i) + "\n";
+  const trace t = make(text.c_str());
+  replay_options o;
+  o.layout = layout("sliced:page=4KiB");
+  o.threads = threads;
+  o.wait = wait;
+  auto r = replay(t, o);
+  ASSERT_TRUE(r) << r.err().message();
+  EXPECT_TRUE(r->actor);
+  EXPECT_EQ(r->threads, threads);
+  EXPECT_EQ(r->events, 800U);
+  EXPECT_EQ(r->allocations, 400U);
+  EXPECT_EQ(r->frees, 400U);
+  EXPECT_EQ(r->failures, 0U) << r->first_failure;
+  EXPECT_EQ(r->peak_live_bytes, summarize(t).peak_live_bytes);
+  // The actor holds at least what it saw in use, and never more in use than the trace's peak.
+  EXPECT_GT(r->peak_in_use_bytes, 0U);
+  EXPECT_LE(r->peak_in_use_bytes, r->peak_live_bytes);
+  EXPECT_GE(r->peak_reserved_bytes, r->peak_in_use_bytes);
+  EXPECT_EQ(r->peak_reserved_bytes % 4096, 0U);
+  // One thread keeps exactly the trace's live set: frees never overtake their creates.
+  if (threads == 1) {
+    EXPECT_EQ(r->peak_in_use_bytes, r->peak_live_bytes);
+  }
+  EXPECT_GT(r->events_per_second, 0.0);
+}
+
+INSTANTIATE_TEST_SUITE_P(Modes, ReplayActor,
+                         ::testing::Values(std::make_tuple(std::size_t{1}, false),
+                                           std::make_tuple(std::size_t{4}, false),
+                                           std::make_tuple(std::size_t{1}, true),
+                                           std::make_tuple(std::size_t{3}, true)));
+
+TEST(ReplayActorFailures, WaitSeesEachFailureAndStrictStops) {
+  const trace t = make("a 0 100\na 1 5000\nf 1\na 2 5000\nf 0\n");
+  replay_options o;
+  o.layout = layout("sliced:page=4KiB");
+  o.threads = 1;
+  o.wait = true;
+  auto r = replay(t, o);
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->failures, 2U);
+  EXPECT_NE(r->first_failure.find("5000"), std::string::npos) << r->first_failure;
+  o.strict = true;
+  r = replay(t, o);
+  ASSERT_TRUE(r);
+  EXPECT_TRUE(r->stopped);
+  EXPECT_EQ(r->failures, 1U);
+}
+
+TEST(ReplayActorFailures, CreateFailuresAreCountedByTheActor) {
+  const trace t = make("a 0 100\na 1 5000\nf 1\na 2 5000\nf 0\n");
+  replay_options o;
+  o.layout = layout("sliced:page=4KiB");
+  o.threads = 2;
+  auto r = replay(t, o);
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->failures, 2U);
+  EXPECT_EQ(r->events, 5U);
+}
+
+}  // namespace
+}  // namespace devrt::replay

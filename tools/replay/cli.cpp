@@ -1,0 +1,407 @@
+#include "replay/cli.hpp"
+
+#include <fmt/format.h>
+
+#include <charconv>
+#include <chrono>
+#include <cmath>
+#include <cstdlib>
+#include <string_view>
+
+namespace devrt::replay {
+
+namespace {
+
+constexpr double gib = 1073741824.0;
+
+error usage_error(std::string what) {
+  error e = error::make(errc::malformed_config, "bad command line");
+  e.text = std::move(what);
+  return e;
+}
+
+bool parse_count(std::string_view s, std::uint64_t& out) {
+  if (s.empty()) return false;
+  const auto [p, ec] = std::from_chars(s.data(), s.data() + s.size(), out);
+  return ec == std::errc() && p == s.data() + s.size();
+}
+
+std::string json_string(std::string_view s) {
+  std::string out = "\"";
+  for (const char c : s) {
+    switch (c) {
+      case '"': out += "\\\""; break;
+      case '\\': out += "\\\\"; break;
+      case '\n': out += "\\n"; break;
+      case '\r': out += "\\r"; break;
+      case '\t': out += "\\t"; break;
+      default:
+        if (static_cast<unsigned char>(c) < 0x20) {
+          out += fmt::format("\\u{:04x}", static_cast<unsigned>(static_cast<unsigned char>(c)));
+        } else {
+          out += c;
+        }
+    }
+  }
+  return out + "\"";
+}
+
+std::string shell_quote(const std::string& s) {
+  std::string out = "'";
+  for (const char c : s) {
+    if (c == '\'') {
+      out += "'\\''";
+    } else {
+      out += c;
+    }
+  }
+  return out + "'";
+}
+
+std::string gib_text(std::uint64_t bytes) { return fmt::format("{:.3f} GiB", static_cast<double>(bytes) / gib); }
+
+/// Writes the timeline files; returns the lines to report (or the error's text).
+result<std::vector<std::string>> write_timeline(const cli_options& o, const trace& t, const replay_result& r) {
+  const std::string& prefix = *o.timeline_prefix;
+  const std::string csv = prefix + ".csv";
+  if (auto w = write_timeline_csv(csv, r.timeline); !w) return std::move(w).err();
+  std::vector<std::string> made{csv};
+  const std::string title =
+      fmt::format("{} - layout {} on {} (ratio {:.3f})", t.name, o.layout_text, r.device, r.ratio);
+  std::string script;
+  std::vector<std::string> plots;
+  if (o.timeline_png) plots.push_back(prefix + ".png");
+  if (o.timeline_svg) plots.push_back(prefix + ".svg");
+  for (const auto& p : plots) script += gnuplot_script(csv, p, title);
+  // The script is kept either way so the plot can be made later, elsewhere.
+  const std::string gp = prefix + ".gp";
+  if (std::FILE* f = std::fopen(gp.c_str(), "w"); f != nullptr) {
+    std::fputs(script.c_str(), f);
+    std::fclose(f);
+    made.push_back(gp);
+  }
+  const std::string gnuplot = find_gnuplot();
+  if (gnuplot.empty()) {
+    made.push_back(fmt::format("(gnuplot is not installed: no plot; install gnuplot-nox and run gnuplot {})", gp));
+    return made;
+  }
+  const std::string cmd = shell_quote(gnuplot) + " " + shell_quote(gp);
+  const int rc = std::system(cmd.c_str());  // NOLINT(concurrency-mt-unsafe,cert-env33-c): the replay is over
+  if (rc != 0) {
+    made.push_back(fmt::format("(gnuplot failed with status {}: no plot)", rc));
+    return made;
+  }
+  made.insert(made.end(), plots.begin(), plots.end());
+  return made;
+}
+
+class progress_line {
+ public:
+  explicit progress_line(std::ostream& err) : err_(err) {}
+  void show(std::uint64_t done, std::uint64_t total) {
+    const double pct = total != 0 ? 100.0 * static_cast<double>(done) / static_cast<double>(total) : 100.0;
+    std::string line =
+        fmt::format("devrt-replay: {:5.1f}% ({} / {} events)", pct, group_digits(done), group_digits(total));
+    width_ = std::max(width_, line.size());
+    err_ << '\r' << line << std::flush;
+  }
+  void clear() {
+    if (width_ == 0) return;
+    err_ << '\r' << std::string(width_, ' ') << '\r' << std::flush;
+    width_ = 0;
+  }
+
+ private:
+  std::ostream& err_;
+  std::size_t width_ = 0;
+};
+
+}  // namespace
+
+std::string group_digits(std::uint64_t n) {
+  std::string digits = std::to_string(n);
+  std::string out;
+  for (std::size_t i = 0; i < digits.size(); ++i) {
+    if (i != 0 && (digits.size() - i) % 3 == 0) out += ',';
+    out += digits[i];
+  }
+  return out;
+}
+
+std::string usage() {
+  return R"(usage: devrt-replay TRACE [options]
+
+Replays an allocation trace against devrt and reports time per event and memory held.
+
+  TRACE                   devrt trace (.trace.gz or plain) or RMM CSV allocation log
+  --format devrt|rmm      trace format (default: from the file name, then its first line)
+  --device sim|host       sim: a simulated H200 (default); host: real host memory, 512-byte
+                          alignment, pages up to 1 GiB
+  --layout LAYOUT         pool layout: sub-slices (default), exclusive-pages, or pools such as
+                          "sliced:page=64MiB,slice=8MiB;exclusive:max=1MiB"
+  --threads N             actor mode: N client threads of one runtime (ids spread by id % N)
+  --wait                  actor mode: reserve().get() per allocation instead of create()
+  --strict                stop at the first failed reserve (exit code 1)
+  --limit N               replay only the first N events
+  --json                  one JSON object on stdout with every figure
+  --timeline PREFIX       core mode: write PREFIX.csv (about 2000 samples of live and reserved
+                          bytes), PREFIX.gp and, when gnuplot is installed, the plot
+  --timeline-format F     png (default), svg or both
+  --progress, --no-progress
+                          progress line on stderr (default: on when stderr is a terminal)
+  --help                  this text
+
+Exit codes: 0 replayed, 1 unreadable or malformed trace, or --strict failure, 2 bad usage.
+)";
+}
+
+result<cli_options> parse_args(const std::vector<std::string>& args) {
+  cli_options o;
+  bool have_trace = false;
+  for (std::size_t i = 0; i < args.size(); ++i) {
+    std::string name = args[i];
+    std::optional<std::string> inline_value;
+    if (name.starts_with("--")) {
+      if (const std::size_t eq = name.find('='); eq != std::string::npos) {
+        inline_value = name.substr(eq + 1);
+        name.resize(eq);
+      }
+    }
+    const auto value = [&]() -> result<std::string> {
+      if (inline_value) return *inline_value;
+      if (i + 1 >= args.size()) return usage_error(fmt::format("option {} needs a value", name));
+      return args[++i];
+    };
+    const auto flag = [&](bool& target) -> result<void> {
+      if (inline_value) return usage_error(fmt::format("option {} takes no value", name));
+      target = true;
+      return {};
+    };
+    result<void> ok;
+    if (name == "--help" || name == "-h") {
+      o.help = true;
+    } else if (name == "--format") {
+      auto v = value();
+      if (!v) return std::move(v).err();
+      auto f = parse_trace_format(*v);
+      if (!f) return usage_error(fmt::format("bad value for --format: '{}' (expected devrt or rmm)", *v));
+      o.format = *f;
+    } else if (name == "--device") {
+      auto v = value();
+      if (!v) return std::move(v).err();
+      if (*v == "sim") {
+        o.device = device_choice::sim;
+      } else if (*v == "host") {
+        o.device = device_choice::host;
+      } else {
+        return usage_error(fmt::format("bad value for --device: '{}' (expected sim or host)", *v));
+      }
+    } else if (name == "--layout") {
+      auto v = value();
+      if (!v) return std::move(v).err();
+      o.layout_text = *v;
+    } else if (name == "--threads") {
+      auto v = value();
+      if (!v) return std::move(v).err();
+      std::uint64_t n = 0;
+      if (!parse_count(*v, n) || n == 0 || n > 1024) {
+        return usage_error(fmt::format("bad value for --threads: '{}' (expected 1 to 1024)", *v));
+      }
+      o.threads = n;
+    } else if (name == "--limit") {
+      auto v = value();
+      if (!v) return std::move(v).err();
+      std::uint64_t n = 0;
+      if (!parse_count(*v, n) || n == 0) {
+        return usage_error(fmt::format("bad value for --limit: '{}' (expected a positive number of events)", *v));
+      }
+      o.limit = n;
+    } else if (name == "--timeline") {
+      auto v = value();
+      if (!v) return std::move(v).err();
+      if (v->empty()) return usage_error("bad value for --timeline: the prefix is empty");
+      o.timeline_prefix = *v;
+    } else if (name == "--timeline-format") {
+      auto v = value();
+      if (!v) return std::move(v).err();
+      o.timeline_png = *v == "png" || *v == "both";
+      o.timeline_svg = *v == "svg" || *v == "both";
+      if (!o.timeline_png && !o.timeline_svg) {
+        return usage_error(fmt::format("bad value for --timeline-format: '{}' (expected png, svg or both)", *v));
+      }
+    } else if (name == "--wait") {
+      ok = flag(o.wait);
+    } else if (name == "--strict") {
+      ok = flag(o.strict);
+    } else if (name == "--json") {
+      ok = flag(o.json);
+    } else if (name == "--progress" || name == "--no-progress") {
+      bool unused = false;
+      ok = flag(unused);
+      o.progress = name == "--progress";
+    } else if (name.starts_with("-") && name != "-") {
+      return usage_error(fmt::format("unknown option '{}'", args[i]));
+    } else {
+      if (have_trace) return usage_error(fmt::format("more than one trace given: '{}' and '{}'", o.trace_path, name));
+      o.trace_path = name;
+      have_trace = true;
+    }
+    if (!ok) return std::move(ok).err();
+  }
+  if (o.help) return o;
+  if (!have_trace) return usage_error("no trace given");
+  if (o.wait && o.threads == 0) return usage_error("--wait needs --threads (it applies to actor mode)");
+  if (o.timeline_prefix && o.threads != 0) {
+    return usage_error("--timeline works in core mode only (the actor's reserved bytes are not sampled)");
+  }
+  auto layout = memory::parse_layout(o.layout_text);
+  if (!layout) return usage_error(fmt::format("bad value for --layout: {}", layout.err().message()));
+  if (auto resolved = memory::resolve_layout(*layout, properties_of(o.device)); !resolved) {
+    return usage_error(
+        fmt::format("bad value for --layout on the {} device: {}", to_string(o.device), resolved.err().message()));
+  }
+  o.layout = *layout;
+  return o;
+}
+
+int run_cli(const std::vector<std::string>& args, std::ostream& out, std::ostream& err, bool err_is_terminal) {
+  auto parsed = parse_args(args);
+  if (!parsed) {
+    err << "devrt-replay: " << trace_error_text(parsed.err()) << "\n(see devrt-replay --help)\n";
+    return 2;
+  }
+  const cli_options& o = *parsed;
+  if (o.help) {
+    out << usage();
+    return 0;
+  }
+
+  const auto read_start = std::chrono::steady_clock::now();
+  auto t = read_trace(o.trace_path, o.format);
+  const double read_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - read_start).count();
+  if (!t) {
+    err << "devrt-replay: " << trace_error_text(t.err()) << "\n";
+    return 1;
+  }
+  const std::uint64_t trace_events = t->events.size();
+  if (o.limit) truncate(*t, *o.limit);
+
+  progress_line bar(err);
+  replay_options ro;
+  ro.device = o.device;
+  ro.layout = o.layout;
+  ro.threads = o.threads;
+  ro.wait = o.wait;
+  ro.strict = o.strict;
+  ro.timeline_samples = o.timeline_prefix ? 2000 : 0;
+  if (o.progress.value_or(err_is_terminal)) {
+    ro.progress = [&bar](std::uint64_t done, std::uint64_t total) { bar.show(done, total); };
+  }
+  auto r = replay(*t, ro);
+  bar.clear();
+  if (!r) {
+    // Layouts were validated with the arguments; what is left is the runtime failing to start.
+    err << "devrt-replay: " << trace_error_text(r.err()) << "\n";
+    return 1;
+  }
+
+  std::vector<std::string> timeline_lines;
+  std::string timeline_error;
+  if (o.timeline_prefix) {
+    auto w = write_timeline(o, *t, *r);
+    if (w) {
+      timeline_lines = std::move(*w);
+    } else {
+      timeline_error = trace_error_text(w.err());
+    }
+  }
+
+  const std::string mode = r->actor ? fmt::format("actor, {} thread{}, {}", r->threads, r->threads == 1 ? "" : "s",
+                                                  o.wait ? "reserve().get()" : "create()")
+                                    : std::string("core");
+  if (o.json) {
+    std::string j = "{";
+    const auto field = [&j](std::string_view key, const std::string& v) {
+      if (j.size() > 1) j += ", ";
+      j += json_string(key);
+      j += ": ";
+      j += v;
+    };
+    field("trace", json_string(t->name));
+    field("path", json_string(o.trace_path));
+    field("format", json_string(to_string(t->format)));
+    field("header", json_string(t->header));
+    field("trace_events", std::to_string(trace_events));
+    field("skipped", std::to_string(t->skipped));
+    field("read_seconds", fmt::format("{:.6f}", read_seconds));
+    field("mode", json_string(r->actor ? "actor" : "core"));
+    field("device", json_string(r->device));
+    field("layout", json_string(o.layout_text));
+    field("threads", std::to_string(r->threads));
+    field("wait", o.wait ? "true" : "false");
+    field("events", std::to_string(r->events));
+    field("allocations", std::to_string(r->allocations));
+    field("frees", std::to_string(r->frees));
+    field("deferred_frees", std::to_string(r->deferred_frees));
+    field("seconds", fmt::format("{:.6f}", r->seconds));
+    field("ns_per_event", fmt::format("{:.1f}", r->ns_per_event));
+    field("events_per_second", fmt::format("{:.0f}", r->events_per_second));
+    field("peak_live_bytes", std::to_string(r->peak_live_bytes));
+    field("peak_live_gib", fmt::format("{:.3f}", static_cast<double>(r->peak_live_bytes) / gib));
+    field("peak_in_use_bytes", std::to_string(r->peak_in_use_bytes));
+    field("peak_reserved_bytes", std::to_string(r->peak_reserved_bytes));
+    field("peak_reserved_gib", fmt::format("{:.3f}", static_cast<double>(r->peak_reserved_bytes) / gib));
+    field("ratio", fmt::format("{:.3f}", r->ratio));
+    field("reserved_at_end_bytes", std::to_string(r->reserved_at_end));
+    field("driver_allocs", std::to_string(r->driver_allocs));
+    field("driver_frees", std::to_string(r->driver_frees));
+    field("failures", std::to_string(r->failures));
+    field("first_failure", json_string(r->first_failure));
+    field("stopped", r->stopped ? "true" : "false");
+    if (o.timeline_prefix) {
+      std::string files = "[";
+      for (std::size_t i = 0; i < timeline_lines.size(); ++i) {
+        if (i != 0) files += ", ";
+        files += json_string(timeline_lines[i]);
+      }
+      field("timeline", files + "]");
+      field("timeline_error", json_string(timeline_error));
+    }
+    out << j << "}\n";
+  } else {
+    out << fmt::format(
+        "trace          {} ({} format{}{})\n", t->name, to_string(t->format),
+        t->skipped != 0 ? fmt::format(", {} allocate failures skipped", t->skipped) : "",
+        o.limit ? fmt::format(", first {} of {} events", group_digits(t->events.size()), group_digits(trace_events))
+                : "");
+    out << fmt::format("replay         {}, {}, layout {}\n", mode, r->device, o.layout_text);
+    out << fmt::format(
+        "events         {} ({} allocations, {} frees{})\n", group_digits(r->events), group_digits(r->allocations),
+        group_digits(r->frees),
+        r->actor ? fmt::format(", {} of them sent behind their create", group_digits(r->deferred_frees)) : "");
+    out << fmt::format("time           {:.3f} s, {:.1f} ns/event, {:.2f} M events/s (read in {:.3f} s)\n", r->seconds,
+                       r->ns_per_event, r->events_per_second / 1e6, read_seconds);
+    out << fmt::format("peak live      {} ({} bytes){}\n", gib_text(r->peak_live_bytes),
+                       group_digits(r->peak_live_bytes), r->actor ? ", in trace order" : "");
+    if (r->actor) {
+      out << fmt::format("peak in use    {} ({} bytes), as the actor saw it\n", gib_text(r->peak_in_use_bytes),
+                         group_digits(r->peak_in_use_bytes));
+    }
+    out << fmt::format("peak reserved  {} ({} bytes)\n", gib_text(r->peak_reserved_bytes),
+                       group_digits(r->peak_reserved_bytes));
+    out << fmt::format("ratio          {:.3f}\n", r->ratio);
+    out << fmt::format("driver         {} allocations, {} frees\n", group_digits(r->driver_allocs),
+                       group_digits(r->driver_frees));
+    out << fmt::format("failures       {}{}\n", group_digits(r->failures),
+                       r->failures != 0 ? fmt::format(" (first: {})", r->first_failure) : "");
+    if (r->stopped) out << "stopped        at the first failure (--strict)\n";
+    for (const auto& line : timeline_lines) out << fmt::format("timeline       {}\n", line);
+  }
+  if (!timeline_error.empty()) {
+    err << "devrt-replay: " << timeline_error << "\n";
+    return 1;
+  }
+  return r->stopped ? 1 : 0;
+}
+
+}  // namespace devrt::replay

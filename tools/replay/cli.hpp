@@ -1,0 +1,47 @@
+// The command line of devrt-replay, as a library so that tests can run it whole.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <ostream>
+#include <string>
+#include <vector>
+
+#include "devrt/memory/config.hpp"
+#include "replay/replay.hpp"
+#include "replay/trace.hpp"
+
+namespace devrt::replay {
+
+struct cli_options {
+  std::string trace_path;
+  std::optional<trace_format> format;  ///< detected from the file when absent
+  device_choice device = device_choice::sim;
+  std::string layout_text = "sub-slices";
+  memory::memory_layout layout = memory::preset::sub_slices;
+  std::size_t threads = 0;
+  bool wait = false;
+  bool strict = false;
+  bool json = false;
+  std::optional<std::string> timeline_prefix;
+  bool timeline_png = true;
+  bool timeline_svg = false;
+  std::optional<std::uint64_t> limit;
+  std::optional<bool> progress;  ///< default: on when stderr is a terminal
+  bool help = false;
+};
+
+/// Parses the arguments (without the program name) and validates the layout against the device.
+/// Error malformed_config (or the layout's error) whose `trace_error_text` says what is wrong.
+result<cli_options> parse_args(const std::vector<std::string>& args);
+
+std::string usage();
+
+/// Runs devrt-replay. Exit codes: 0 replayed (failed reserves are reported, not fatal), 1 the
+/// trace could not be read or --strict stopped at a failure, 2 bad usage.
+int run_cli(const std::vector<std::string>& args, std::ostream& out, std::ostream& err, bool err_is_terminal);
+
+/// 1234567 -> "1,234,567".
+std::string group_digits(std::uint64_t n);
+
+}  // namespace devrt::replay

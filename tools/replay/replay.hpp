@@ -1,0 +1,94 @@
+// The replay engine: plays a trace's events against devrt and measures what they cost in time
+// and in memory held from the device.
+//
+// Core mode (threads == 0): one memory_manager on this thread; every `a` is a reserve whose
+// handle is kept by id, every `f` drops it. Only the loop over the events is timed. The manager is
+// driven as the device actor drives it, one event a batch: on out_of_memory one reclaim and one
+// retry, and queued page frees flushed to the device after every event.
+//
+// Actor mode (threads >= 1): a runtime with one device actor; allocation ids are spread over the
+// threads (id % threads), each thread plays its own events in trace order with create() (or
+// reserve().get() when `wait`). A free never overtakes its create: a free whose create message is
+// still queued is sent to the actor as a message of its own (counted in `deferred_frees`); other
+// frees are plain handle drops. The time runs from the start of the threads until each has seen
+// all of its messages served.
+//
+// Peak live is a property of the trace (sum of the sizes of live allocations, in trace order);
+// peak reserved is the manager's own high-water mark of bytes held from the device.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "devrt/memory/config.hpp"
+#include "devrt/memory/error.hpp"
+#include "replay/trace.hpp"
+
+namespace devrt::replay {
+
+enum class device_choice { sim, host };
+const char* to_string(device_choice d) noexcept;
+/// The properties the replay's device has: an H200 for sim, 512-byte alignment and 1 GiB pages
+/// for host.
+memory::device_properties properties_of(device_choice d);
+
+struct replay_options {
+  device_choice device = device_choice::sim;
+  memory::memory_layout layout = memory::preset::sub_slices;
+  std::size_t threads = 0;  ///< 0: core mode; N >= 1: actor mode with N client threads
+  bool wait = false;        ///< actor mode: reserve().get() instead of create()
+  bool strict = false;      ///< stop at the first failed reserve
+  /// Core mode: about this many timeline samples (0: no timeline). Each sample is the largest
+  /// live and reserved byte counts seen in its window of events.
+  std::size_t timeline_samples = 0;
+  /// Called now and then with (events done, events in all); from the replaying thread in core
+  /// mode, from the calling thread in actor mode.
+  std::function<void(std::uint64_t, std::uint64_t)> progress;
+};
+
+struct timeline_point {
+  std::uint64_t event = 0;  ///< events played at the end of the window
+  std::uint64_t live_bytes = 0;
+  std::uint64_t reserved_bytes = 0;
+};
+
+struct replay_result {
+  bool actor = false;
+  std::string device;  ///< the storage's name ("sim-h200", "host")
+  std::size_t threads = 0;
+  std::uint64_t events = 0;  ///< events played (fewer than the trace's if strict stopped it)
+  std::uint64_t allocations = 0;
+  std::uint64_t frees = 0;
+  std::uint64_t deferred_frees = 0;  ///< actor mode: frees sent through the actor (see above)
+  double seconds = 0;
+  double ns_per_event = 0;
+  double events_per_second = 0;
+  std::uint64_t peak_live_bytes = 0;
+  std::uint64_t peak_reserved_bytes = 0;
+  /// The manager's own peak of bytes in use. Equals peak live when no reserve failed, in core mode
+  /// and in actor mode with one thread; with more threads the interleaving decides it.
+  std::uint64_t peak_in_use_bytes = 0;
+  double ratio = 0;                   ///< peak reserved / peak live (0 when nothing was live)
+  std::uint64_t reserved_at_end = 0;  ///< bytes still held from the device after the last event
+  std::uint64_t driver_allocs = 0;
+  std::uint64_t driver_frees = 0;
+  std::uint64_t failures = 0;  ///< failed reserves
+  std::string first_failure;   ///< the first one's message, with its event
+  bool stopped = false;        ///< strict mode stopped at a failure
+  std::vector<timeline_point> timeline;
+};
+
+/// Replays `t`. Errors: an invalid layout for the device (its validation error), a runtime that
+/// fails to start. Failed reserves are not errors: they are counted in the result.
+result<replay_result> replay(const trace& t, const replay_options& opts);
+
+/// Writes the timeline as CSV: `event,live_bytes,reserved_bytes`, one sample a line.
+result<void> write_timeline_csv(const std::string& path, const std::vector<timeline_point>& timeline);
+/// A gnuplot script that plots `csv` into `output` (".png" or ".svg" decides the terminal).
+std::string gnuplot_script(const std::string& csv, const std::string& output, const std::string& title);
+/// The gnuplot executable on PATH, or empty.
+std::string find_gnuplot();
+
+}  // namespace devrt::replay
