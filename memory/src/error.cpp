@@ -36,6 +36,7 @@ std::string error::message() const {
   switch (code) {
     case errc::ok: return "no error";
     case errc::not_found:
+      if (!text.empty()) return fmt::format("not found ({}): {}", text, detail);
       return fmt::format(
           "memory not found: {}; the handle may be stale (replaced by bind), never bound, or from "
           "another device",

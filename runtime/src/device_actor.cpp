@@ -3,7 +3,6 @@
 #include <spdlog/spdlog.h>
 #include <boost/asio/defer.hpp>
 #include <boost/asio/post.hpp>
-#include <boost/asio/system_executor.hpp>
 
 namespace devrt::runtime {
 
@@ -134,11 +133,6 @@ device_actor::device_actor(device_info info, std::unique_ptr<memory::memory_mana
 }
 
 device_actor::~device_actor() { shutdown(); }
-
-boost::asio::any_io_executor device_actor::completion_executor() const {
-  if (completions_alive_.load(std::memory_order_acquire)) return completions_;
-  return boost::asio::system_executor();
-}
 
 void device_actor::post(message m) {
   switch (mailbox_.push(m)) {

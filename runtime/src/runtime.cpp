@@ -30,6 +30,14 @@ spdlog::level::level_enum spdlog_level(log_level l) {
   return spdlog::level::off;
 }
 
+// Completion handlers without an executor of their own run here. The pool is shared by every
+// runtime of the process and never stopped, so a completion posted by a client that races the
+// runtime's shutdown, or outlives it, still runs (and never runs inline in the caller).
+boost::asio::thread_pool& completion_pool(std::size_t threads) {
+  static auto* pool = new boost::asio::thread_pool(std::max<std::size_t>(threads, 1));  // NOLINT: lives to exit
+  return *pool;
+}
+
 }  // namespace
 
 runtime::runtime(runtime_options opts) {
@@ -39,7 +47,7 @@ runtime::runtime(runtime_options opts) {
   log_ = std::make_shared<spdlog::logger>("devrt", std::make_shared<spdlog::sinks::stderr_sink_mt>());
   log_->set_level(spdlog_level(config_.log));
   log_->set_pattern("[%H:%M:%S.%e] [devrt] [%l] %v");
-  completions_ = std::make_unique<boost::asio::thread_pool>(std::max<std::size_t>(opts.completion_threads, 1));
+  completions_ = &completion_pool(opts.completion_threads);
 
   try {
     add_device(device_info{device_kind::host, 0, "host", {}}, memory::storage::make<devices::host_storage>(opts.host),
@@ -85,10 +93,7 @@ void runtime::shutdown() noexcept {
   if (stopped_) return;
   stopped_ = true;
   for (auto& a : actors_) a->shutdown();
-  // Completions already queued still run; later ones (from clients that outlive the runtime) go
-  // to the system executor.
-  for (auto& a : actors_) a->detach_completions();
-  if (completions_) completions_->join();
+  // Completions already handed to the completion threads run there; nothing is dropped.
 }
 
 std::vector<device_info> runtime::devices() const {

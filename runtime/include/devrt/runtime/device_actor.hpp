@@ -102,11 +102,8 @@ class device_actor : public std::enable_shared_from_this<device_actor> {
   void shutdown() noexcept;
 
   [[nodiscard]] const device_info& info() const noexcept { return info_; }
-  /// Where completions without an executor of their own run (the runtime's completion threads,
-  /// or the system executor once the runtime is gone).
-  [[nodiscard]] boost::asio::any_io_executor completion_executor() const;
-  /// Called by the runtime before its completion threads stop.
-  void detach_completions() noexcept { completions_alive_.store(false, std::memory_order_release); }
+  /// Where completions without an executor of their own run: the runtime's completion threads.
+  [[nodiscard]] const boost::asio::any_io_executor& completion_executor() const noexcept { return completions_; }
 
   /// Messages processed and drains run (for tests and benchmarks).
   [[nodiscard]] std::uint64_t messages_processed() const noexcept { return processed_.load(std::memory_order_relaxed); }
@@ -125,7 +122,6 @@ class device_actor : public std::enable_shared_from_this<device_actor> {
   boost::asio::strand<boost::asio::io_context::executor_type> strand_;
   boost::asio::executor_work_guard<boost::asio::io_context::executor_type> work_;
   boost::asio::any_io_executor completions_;
-  std::atomic<bool> completions_alive_{true};
   std::shared_ptr<spdlog::logger> log_;
   mailbox mailbox_;
   // Strand-only state.

@@ -41,7 +41,8 @@ struct runtime_options {
   /// Override the configuration's policy or log level.
   std::optional<memory::persistent_policy> persistent_memory;
   std::optional<log_level> log;
-  /// Threads that run completion handlers without an executor of their own.
+  /// Threads that run completion handlers without an executor of their own. The pool is shared by
+  /// every runtime of the process; the first runtime created sizes it.
   std::size_t completion_threads = 2;
 };
 
@@ -76,7 +77,7 @@ class runtime {
 
   runtime_config config_;
   std::shared_ptr<spdlog::logger> log_;
-  std::unique_ptr<boost::asio::thread_pool> completions_;
+  boost::asio::thread_pool* completions_ = nullptr;  // process-wide, never stopped
   std::vector<std::shared_ptr<device_actor>> actors_;
   bool stopped_ = false;
 };
