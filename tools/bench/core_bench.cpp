@@ -71,13 +71,13 @@ void args_sizes(benchmark::internal::Benchmark* bm) { bm->Arg(256)->Arg(64 << 10
 
 }  // namespace
 
-BENCHMARK_CAPTURE(reserve_drop, host / sub_slices, backend::host, preset::sub_slices)->Apply(args_sizes);
-BENCHMARK_CAPTURE(reserve_drop, host / exclusive_pages, backend::host, preset::exclusive_pages)->Apply(args_sizes);
-BENCHMARK_CAPTURE(reserve_drop, sim / sub_slices, backend::sim, preset::sub_slices)->Apply(args_sizes);
-BENCHMARK_CAPTURE(reserve_drop, sim / exclusive_pages, backend::sim, preset::exclusive_pages)->Apply(args_sizes);
-BENCHMARK_CAPTURE(churn, host / sub_slices, backend::host, preset::sub_slices);
-BENCHMARK_CAPTURE(churn, host / exclusive_pages, backend::host, preset::exclusive_pages);
-BENCHMARK_CAPTURE(churn, sim / sub_slices, backend::sim, preset::sub_slices);
-BENCHMARK_CAPTURE(churn, sim / exclusive_pages, backend::sim, preset::exclusive_pages);
+BENCHMARK_CAPTURE(reserve_drop, host_sub_slices, backend::host, preset::sub_slices)->Apply(args_sizes);
+BENCHMARK_CAPTURE(reserve_drop, host_exclusive_pages, backend::host, preset::exclusive_pages)->Apply(args_sizes);
+BENCHMARK_CAPTURE(reserve_drop, sim_sub_slices, backend::sim, preset::sub_slices)->Apply(args_sizes);
+BENCHMARK_CAPTURE(reserve_drop, sim_exclusive_pages, backend::sim, preset::exclusive_pages)->Apply(args_sizes);
+BENCHMARK_CAPTURE(churn, host_sub_slices, backend::host, preset::sub_slices);
+BENCHMARK_CAPTURE(churn, host_exclusive_pages, backend::host, preset::exclusive_pages);
+BENCHMARK_CAPTURE(churn, sim_sub_slices, backend::sim, preset::sub_slices);
+BENCHMARK_CAPTURE(churn, sim_exclusive_pages, backend::sim, preset::exclusive_pages);
 
 BENCHMARK_MAIN();

@@ -116,6 +116,127 @@ class progress_line {
   std::size_t width_ = 0;
 };
 
+std::string replay_error_text(const error& e) {
+  // CUDA errors carry their whole sentence in `text` (see cuda_replay.hpp).
+  if (e.code == errc::device_error && !e.text.empty()) return e.text;
+  return trace_error_text(e);
+}
+
+std::string baseline_text(baseline_kind b) {
+  return b == baseline_kind::cuda_malloc ? "cudaMalloc/cudaFree"
+                                         : "cudaMallocAsync/cudaFreeAsync on one stream, release threshold UINT64_MAX";
+}
+
+/// The figures of one run as JSON fields (no braces).
+std::string run_json(const replay_result& r, const std::string& layout) {
+  std::string j;
+  const auto field = [&j](std::string_view key, const std::string& v) {
+    if (!j.empty()) j += ", ";
+    j += json_string(key);
+    j += ": ";
+    j += v;
+  };
+  field("allocator", json_string(r.allocator));
+  field("device", json_string(r.device));
+  field("layout", json_string(layout));
+  field("events", std::to_string(r.events));
+  field("allocations", std::to_string(r.allocations));
+  field("frees", std::to_string(r.frees));
+  field("seconds", fmt::format("{:.6f}", r.seconds));
+  field("ns_per_event", fmt::format("{:.1f}", r.ns_per_event));
+  field("events_per_second", fmt::format("{:.0f}", r.events_per_second));
+  field("peak_live_bytes", std::to_string(r.peak_live_bytes));
+  field("peak_live_gib", fmt::format("{:.3f}", static_cast<double>(r.peak_live_bytes) / gib));
+  field("peak_in_use_bytes", std::to_string(r.peak_in_use_bytes));
+  field("peak_reserved_bytes", std::to_string(r.peak_reserved_bytes));
+  field("peak_reserved_gib", fmt::format("{:.3f}", static_cast<double>(r.peak_reserved_bytes) / gib));
+  field("peak_reserved_source", json_string(r.peak_reserved_source));
+  field("ratio", fmt::format("{:.3f}", r.ratio));
+  field("reserved_at_end_bytes", std::to_string(r.reserved_at_end));
+  field("driver_allocs", std::to_string(r.driver_allocs));
+  field("driver_frees", std::to_string(r.driver_frees));
+  field("failures", std::to_string(r.failures));
+  field("first_failure", json_string(r.first_failure));
+  field("stopped", r.stopped ? "true" : "false");
+  return j;
+}
+
+/// --compare: devrt on cuda, cudaMallocAsync, cudaMalloc (a prefix), one after the other.
+int run_compare(const cli_options& o, const trace& t, std::uint64_t trace_events, double read_seconds,
+                std::ostream& out, std::ostream& err, bool err_is_terminal) {
+  struct row {
+    std::string name;
+    std::string layout;
+    replay_result r;
+  };
+  std::vector<row> rows;
+  progress_line bar(err);
+  const bool show = o.progress.value_or(err_is_terminal);
+  const auto one = [&](const trace& tr, std::optional<baseline_kind> b, std::string name) -> bool {
+    replay_options ro;
+    ro.device = device_choice::cuda;
+    ro.layout = o.layout;
+    ro.baseline = b;
+    ro.strict = o.strict;
+    if (show) ro.progress = [&bar](std::uint64_t done, std::uint64_t total) { bar.show(done, total); };
+    auto r = replay(tr, ro);
+    bar.clear();
+    if (!r) {
+      err << "devrt-replay: " << name << ": " << replay_error_text(r.err()) << "\n";
+      return false;
+    }
+    rows.push_back(row{std::move(name), b ? std::string() : o.layout_text, std::move(*r)});
+    return true;
+  };
+  // devrt first: the cudaMallocAsync baseline changes the default pool's threshold while it runs
+  // (it puts it back and trims the pool after), and devrt's storage takes its pages from that pool.
+  if (!one(t, std::nullopt, fmt::format("devrt ({})", o.layout_text))) return 1;
+  if (!one(t, baseline_kind::cuda_malloc_async, "cudaMallocAsync")) return 1;
+  trace prefix = t;
+  truncate(prefix, std::min<std::uint64_t>(prefix.events.size(), compare_malloc_events));
+  if (!one(prefix, baseline_kind::cuda_malloc, "cudaMalloc")) return 1;
+
+  if (o.json) {
+    std::string j = "{";
+    j += fmt::format(
+        "\"trace\": {}, \"path\": {}, \"format\": {}, \"header\": {}, \"trace_events\": {}, "
+        "\"skipped\": {}, \"read_seconds\": {:.6f}, \"mode\": \"compare\", \"runs\": [",
+        json_string(t.name), json_string(o.trace_path), json_string(to_string(t.format)), json_string(t.header),
+        trace_events, t.skipped, read_seconds);
+    for (std::size_t i = 0; i < rows.size(); ++i) {
+      if (i != 0) j += ", ";
+      j += "{\"name\": " + json_string(rows[i].name) + ", " + run_json(rows[i].r, rows[i].layout) + "}";
+    }
+    out << j << "]}\n";
+  } else {
+    out << fmt::format(
+        "trace          {} ({} format, {}{})\n", t.name, to_string(t.format),
+        o.limit ? fmt::format("first {} of {} events", group_digits(t.events.size()), group_digits(trace_events))
+                : fmt::format("{} events", group_digits(t.events.size())),
+        t.skipped != 0 ? fmt::format(", {} allocate failures skipped", t.skipped) : "");
+    out << fmt::format("device         {}\n", rows.front().r.device);
+    out << fmt::format("{:<28} {:>11} {:>10} {:>11} {:>14} {:>7} {:>21} {:>8}\n", "allocator", "events", "ns/event",
+                       "peak live", "peak reserved", "ratio", "driver allocs/frees", "failures");
+    for (const row& w : rows) {
+      const replay_result& r = w.r;
+      out << fmt::format("{:<28} {:>11} {:>10.1f} {:>11} {:>14} {:>7.3f} {:>21} {:>8}\n", w.name,
+                         group_digits(r.events), r.ns_per_event, gib_text(r.peak_live_bytes),
+                         gib_text(r.peak_reserved_bytes), r.ratio,
+                         fmt::format("{} / {}", group_digits(r.driver_allocs), group_digits(r.driver_frees)),
+                         group_digits(r.failures));
+    }
+    out << "peak reserved: devrt from its statistics; cudaMallocAsync from cudaMemPoolAttrReservedMemHigh; "
+           "cudaMalloc from cudaMemGetInfo samples (device-wide)\n";
+    for (const row& w : rows) {
+      if (w.r.failures != 0) out << fmt::format("first failure  {}: {}\n", w.name, w.r.first_failure);
+    }
+  }
+  for (const row& w : rows) {
+    if (w.r.stopped) return 1;
+  }
+  return 0;
+}
+
 }  // namespace
 
 std::string group_digits(std::uint64_t n) {
@@ -135,8 +256,17 @@ Replays an allocation trace against devrt and reports time per event and memory 
 
   TRACE                   devrt trace (.trace.gz or plain) or RMM CSV allocation log
   --format devrt|rmm      trace format (default: from the file name, then its first line)
-  --device sim|host       sim: a simulated H200 (default); host: real host memory, 512-byte
-                          alignment, pages up to 1 GiB
+  --device sim|host|cuda  sim: a simulated H200 (default); host: real host memory, 512-byte
+                          alignment, pages up to 1 GiB; cuda: GPU 0 through devrt's CUDA
+                          storage (cudaMallocAsync pages on one stream; core mode only; CUDA
+                          builds)
+  --baseline cudaMalloc|cudaMallocAsync
+                          replay against the CUDA runtime on GPU 0 instead of devrt (CUDA
+                          builds): cudaMalloc/cudaFree, or cudaMallocAsync/cudaFreeAsync on one
+                          stream from the default pool with release threshold UINT64_MAX.
+                          cudaMalloc costs ~35 us an event: use --limit 200000
+  --compare               devrt on cuda, cudaMallocAsync and cudaMalloc (first 200,000 events
+                          at most) in one run, one table (CUDA builds)
   --layout LAYOUT         pool layout: sub-slices (default), exclusive-pages, or pools such as
                           "sliced:page=64MiB,slice=8MiB;exclusive:max=1MiB"
   --threads N             actor mode: N client threads of one runtime (ids spread by id % N)
@@ -151,7 +281,8 @@ Replays an allocation trace against devrt and reports time per event and memory 
                           progress line on stderr (default: on when stderr is a terminal)
   --help                  this text
 
-Exit codes: 0 replayed, 1 unreadable or malformed trace, or --strict failure, 2 bad usage.
+Exit codes: 0 replayed, 1 unreadable or malformed trace, --strict failure, or the CUDA device
+cannot be used, 2 bad usage (also: a CUDA option in a build without CUDA).
 )";
 }
 
@@ -193,9 +324,27 @@ result<cli_options> parse_args(const std::vector<std::string>& args) {
         o.device = device_choice::sim;
       } else if (*v == "host") {
         o.device = device_choice::host;
+      } else if (*v == "cuda") {
+        if (!built_with_cuda()) return usage_error("--device cuda: this devrt-replay was built without CUDA");
+        o.device = device_choice::cuda;
       } else {
-        return usage_error(fmt::format("bad value for --device: '{}' (expected sim or host)", *v));
+        return usage_error(fmt::format("bad value for --device: '{}' (expected sim, host or cuda)", *v));
       }
+      o.device_given = true;
+    } else if (name == "--baseline") {
+      auto v = value();
+      if (!v) return std::move(v).err();
+      if (*v == "cudaMalloc") {
+        o.baseline = baseline_kind::cuda_malloc;
+      } else if (*v == "cudaMallocAsync") {
+        o.baseline = baseline_kind::cuda_malloc_async;
+      } else {
+        return usage_error(fmt::format("bad value for --baseline: '{}' (expected cudaMalloc or cudaMallocAsync)", *v));
+      }
+      if (!built_with_cuda()) return usage_error("--baseline: this devrt-replay was built without CUDA");
+    } else if (name == "--compare") {
+      ok = flag(o.compare);
+      if (ok && !built_with_cuda()) return usage_error("--compare: this devrt-replay was built without CUDA");
     } else if (name == "--layout") {
       auto v = value();
       if (!v) return std::move(v).err();
@@ -254,8 +403,26 @@ result<cli_options> parse_args(const std::vector<std::string>& args) {
   if (o.timeline_prefix && o.threads != 0) {
     return usage_error("--timeline works in core mode only (the actor's reserved bytes are not sampled)");
   }
+  if (o.baseline && o.compare) return usage_error("--baseline and --compare do not go together");
+  if (o.baseline || o.compare) {
+    const char* what = o.compare ? "--compare" : "--baseline";
+    if (o.device_given && o.device != device_choice::cuda) {
+      return usage_error(fmt::format("{} runs on the GPU: --device {} does not apply", what, to_string(o.device)));
+    }
+    if (o.threads != 0) return usage_error(fmt::format("{} works in core mode only (no --threads)", what));
+    if (o.timeline_prefix) return usage_error(fmt::format("{} does not write a timeline", what));
+    if (o.compare) o.device = device_choice::cuda;
+  }
+  if (o.device == device_choice::cuda && o.threads != 0) {
+    return usage_error("--device cuda works in core mode only (no --threads)");
+  }
   auto layout = memory::parse_layout(o.layout_text);
   if (!layout) return usage_error(fmt::format("bad value for --layout: {}", layout.err().message()));
+  // A GPU's properties are known only once it is opened: the manager validates the layout then.
+  if (o.device == device_choice::cuda) {
+    o.layout = *layout;
+    return o;
+  }
   if (auto resolved = memory::resolve_layout(*layout, properties_of(o.device)); !resolved) {
     return usage_error(
         fmt::format("bad value for --layout on the {} device: {}", to_string(o.device), resolved.err().message()));
@@ -286,8 +453,11 @@ int run_cli(const std::vector<std::string>& args, std::ostream& out, std::ostrea
   const std::uint64_t trace_events = t->events.size();
   if (o.limit) truncate(*t, *o.limit);
 
+  if (o.compare) return run_compare(o, *t, trace_events, read_seconds, out, err, err_is_terminal);
+
   progress_line bar(err);
   replay_options ro;
+  ro.baseline = o.baseline;
   ro.device = o.device;
   ro.layout = o.layout;
   ro.threads = o.threads;
@@ -300,8 +470,9 @@ int run_cli(const std::vector<std::string>& args, std::ostream& out, std::ostrea
   auto r = replay(*t, ro);
   bar.clear();
   if (!r) {
-    // Layouts were validated with the arguments; what is left is the runtime failing to start.
-    err << "devrt-replay: " << trace_error_text(r.err()) << "\n";
+    // Layouts were validated with the arguments (on cuda: by the manager, against the GPU); what
+    // is left is the runtime failing to start or the GPU that cannot be used.
+    err << "devrt-replay: " << replay_error_text(r.err()) << "\n";
     return 1;
   }
 
@@ -316,9 +487,10 @@ int run_cli(const std::vector<std::string>& args, std::ostream& out, std::ostrea
     }
   }
 
-  const std::string mode = r->actor ? fmt::format("actor, {} thread{}, {}", r->threads, r->threads == 1 ? "" : "s",
-                                                  o.wait ? "reserve().get()" : "create()")
-                                    : std::string("core");
+  const std::string mode = o.baseline ? std::string("baseline")
+                           : r->actor ? fmt::format("actor, {} thread{}, {}", r->threads, r->threads == 1 ? "" : "s",
+                                                    o.wait ? "reserve().get()" : "create()")
+                                      : std::string("core");
   if (o.json) {
     std::string j = "{";
     const auto field = [&j](std::string_view key, const std::string& v) {
@@ -334,7 +506,9 @@ int run_cli(const std::vector<std::string>& args, std::ostream& out, std::ostrea
     field("trace_events", std::to_string(trace_events));
     field("skipped", std::to_string(t->skipped));
     field("read_seconds", fmt::format("{:.6f}", read_seconds));
-    field("mode", json_string(r->actor ? "actor" : "core"));
+    field("mode", json_string(o.baseline ? "baseline" : r->actor ? "actor" : "core"));
+    field("allocator", json_string(r->allocator));
+    field("peak_reserved_source", json_string(r->peak_reserved_source));
     field("device", json_string(r->device));
     field("layout", json_string(o.layout_text));
     field("threads", std::to_string(r->threads));
@@ -374,7 +548,11 @@ int run_cli(const std::vector<std::string>& args, std::ostream& out, std::ostrea
         t->skipped != 0 ? fmt::format(", {} allocate failures skipped", t->skipped) : "",
         o.limit ? fmt::format(", first {} of {} events", group_digits(t->events.size()), group_digits(trace_events))
                 : "");
-    out << fmt::format("replay         {}, {}, layout {}\n", mode, r->device, o.layout_text);
+    if (o.baseline) {
+      out << fmt::format("replay         {} directly, {}\n", baseline_text(*o.baseline), r->device);
+    } else {
+      out << fmt::format("replay         {}, {}, layout {}\n", mode, r->device, o.layout_text);
+    }
     out << fmt::format(
         "events         {} ({} allocations, {} frees{})\n", group_digits(r->events), group_digits(r->allocations),
         group_digits(r->frees),
@@ -387,8 +565,9 @@ int run_cli(const std::vector<std::string>& args, std::ostream& out, std::ostrea
       out << fmt::format("peak in use    {} ({} bytes), as the actor saw it\n", gib_text(r->peak_in_use_bytes),
                          group_digits(r->peak_in_use_bytes));
     }
-    out << fmt::format("peak reserved  {} ({} bytes)\n", gib_text(r->peak_reserved_bytes),
-                       group_digits(r->peak_reserved_bytes));
+    out << fmt::format("peak reserved  {} ({} bytes){}\n", gib_text(r->peak_reserved_bytes),
+                       group_digits(r->peak_reserved_bytes),
+                       r->peak_reserved_source != "manager" ? fmt::format(", from {}", r->peak_reserved_source) : "");
     out << fmt::format("ratio          {:.3f}\n", r->ratio);
     out << fmt::format("driver         {} allocations, {} frees\n", group_digits(r->driver_allocs),
                        group_digits(r->driver_frees));

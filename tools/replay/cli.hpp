@@ -17,6 +17,9 @@ struct cli_options {
   std::string trace_path;
   std::optional<trace_format> format;  ///< detected from the file when absent
   device_choice device = device_choice::sim;
+  bool device_given = false;
+  std::optional<baseline_kind> baseline;  ///< --baseline: the CUDA runtime instead of devrt
+  bool compare = false;                   ///< --compare: devrt on cuda, cudaMallocAsync, cudaMalloc
   std::string layout_text = "sub-slices";
   memory::memory_layout layout = memory::preset::sub_slices;
   std::size_t threads = 0;
@@ -38,7 +41,16 @@ result<cli_options> parse_args(const std::vector<std::string>& args);
 std::string usage();
 
 /// Runs devrt-replay. Exit codes: 0 replayed (failed reserves are reported, not fatal), 1 the
-/// trace could not be read or --strict stopped at a failure, 2 bad usage.
+/// trace could not be read, --strict stopped at a failure, or the CUDA device could not be used
+/// (CUDA build without a usable GPU: the message names the CUDA error), 2 bad usage (including
+/// --device cuda, --baseline or --compare in a build without CUDA: "built without CUDA").
+///
+/// --compare replays, one after the other in this process: devrt (core mode, --layout) over
+/// cuda_storage, cudaMallocAsync (all events, or --limit), cudaMalloc (the first
+/// min(events, compare_malloc_events)), and prints one table (--json: a "runs" array).
+
+/// --compare replays cudaMalloc on this many events at most (about 35 us an event on an H200).
+inline constexpr std::uint64_t compare_malloc_events = 200000;
 int run_cli(const std::vector<std::string>& args, std::ostream& out, std::ostream& err, bool err_is_terminal);
 
 /// 1234567 -> "1,234,567".

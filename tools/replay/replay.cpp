@@ -21,6 +21,7 @@
 #include "devrt/devices/sim_storage.hpp"
 #include "devrt/memory/memory_manager.hpp"
 #include "devrt/runtime/runtime.hpp"
+#include "replay/cuda_replay.hpp"
 
 namespace devrt::replay {
 
@@ -39,12 +40,7 @@ std::string failure_text(std::uint64_t index, const trace_event& e, const std::s
   return fmt::format("event {} (a {} {}): {}", index, e.id, e.size, message);
 }
 
-void finish_rates(replay_result& r) {
-  r.ns_per_event = r.events != 0 ? r.seconds * 1e9 / static_cast<double>(r.events) : 0.0;
-  r.events_per_second = r.seconds > 0 ? static_cast<double>(r.events) / r.seconds : 0.0;
-  r.ratio = r.peak_live_bytes != 0 ? static_cast<double>(r.peak_reserved_bytes) / static_cast<double>(r.peak_live_bytes)
-                                   : 0.0;
-}
+using detail::finish_rates;
 
 /// Records the largest live and reserved counts of each window of `every` events.
 class sampler {
@@ -78,16 +74,24 @@ class sampler {
   std::vector<timeline_point> points_;
 };
 
+result<memory::storage> make_storage(device_choice d) {
+  switch (d) {
+    case device_choice::sim: return memory::storage::make<devices::sim_storage>(devices::sim_options::h200());
+    case device_choice::host: return memory::storage::make<devices::host_storage>(host_opts());
+    case device_choice::cuda: return detail::make_cuda_storage(0);
+  }
+  return memory::storage::make<devices::sim_storage>(devices::sim_options::h200());
+}
+
 /// Serves the events as the device actor would if each were a batch of its own: a reserve that
 /// reclaims and retries once on out_of_memory, and queued page frees flushed after each event.
 result<replay_result> replay_core(const trace& t, const replay_options& o) {
   memory::manager_options mo;
   mo.name = "replay";
   mo.layout = o.layout;
-  auto made = memory::memory_manager::create(
-      o.device == device_choice::sim ? memory::storage::make<devices::sim_storage>(devices::sim_options::h200())
-                                     : memory::storage::make<devices::host_storage>(host_opts()),
-      std::move(mo));
+  auto store_made = make_storage(o.device);
+  if (!store_made) return std::move(store_made).err();
+  auto made = memory::memory_manager::create(std::move(*store_made), std::move(mo));
   if (!made) return std::move(made).err();
   memory::memory_manager& m = **made;
   memory::storage& store = m.backing_storage();
@@ -135,7 +139,11 @@ result<replay_result> replay_core(const trace& t, const replay_options& o) {
     // sampling changes no decision of the allocator.
     if (samples.on()) samples.add(i + 1, live, m.statistics().bytes_reserved);
   }
+  // On a GPU the frees are stream-ordered: the clock stops once the stream has run them.
+  result<void> synced;
+  if (o.device == device_choice::cuda) synced = store.synchronize();
   const auto stop = clock_type::now();
+  if (!synced) return std::move(synced).err();
   if (!r.stopped) played = n;
   if (o.progress) o.progress(played, n);
 
@@ -314,15 +322,26 @@ std::string gnuplot_quote(const std::string& s) {
 
 }  // namespace
 
-const char* to_string(device_choice d) noexcept { return d == device_choice::host ? "host" : "sim"; }
+const char* to_string(device_choice d) noexcept {
+  switch (d) {
+    case device_choice::sim: return "sim";
+    case device_choice::host: return "host";
+    case device_choice::cuda: return "cuda";
+  }
+  return "sim";
+}
 
 memory::device_properties properties_of(device_choice d) {
-  if (d == device_choice::sim) return devices::sim_options::h200().props;
+  if (d != device_choice::host) return devices::sim_options::h200().props;
   const devices::host_options h = host_opts();
   return {h.max_page_size, h.alignment, h.capacity};
 }
 
 result<replay_result> replay(const trace& t, const replay_options& opts) {
+  if (opts.baseline) return detail::replay_baseline(t, opts);
+  if (opts.device == device_choice::cuda && opts.threads != 0) {
+    return detail::cuda_replay_error("actor mode (--threads) runs on sim or host only; --device cuda is core mode");
+  }
   return opts.threads == 0 ? replay_core(t, opts) : replay_actor(t, opts);
 }
 

@@ -19,6 +19,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -28,14 +29,42 @@
 
 namespace devrt::replay {
 
-enum class device_choice { sim, host };
+enum class device_choice { sim, host, cuda };
 const char* to_string(device_choice d) noexcept;
 /// The properties the replay's device has: an H200 for sim, 512-byte alignment and 1 GiB pages
-/// for host.
+/// for host. For cuda the real GPU's are known only once it is opened: this gives the simulated
+/// H200's, which the command line does not use to validate a layout for cuda (the memory manager
+/// validates it against the real device when the replay starts).
 memory::device_properties properties_of(device_choice d);
+
+/// Whether this build has the CUDA replay (`--device cuda`, the CUDA baselines): compile
+/// definition DEVRT_REPLAY_CUDA, set when the CUDA toolkit was found.
+bool built_with_cuda() noexcept;
+/// Why CUDA device 0 cannot be used: "" when it can; "built without CUDA" in builds without it;
+/// otherwise the CUDA error (e.g. "no usable CUDA device: cudaGetDeviceCount returned
+/// cudaErrorNoDevice (...)").
+std::string cuda_unavailable_reason();
+
+/// Allocators replayed directly against the CUDA runtime on device 0, for comparison.
+///  - cuda_malloc: cudaMalloc / cudaFree (synchronous). Peak reserved is sampled from cudaMemGetInfo
+///    (total - free, minus its value before the replay) every 1000 events and at every new peak of
+///    live bytes; the sampling time is left out of the clock. Device-wide: other processes on the
+///    GPU distort it, and the driver counts memory in its own page granularity (2 MiB).
+///  - cuda_malloc_async: cudaMallocAsync / cudaFreeAsync on one stream, from the device's default
+///    memory pool with its release threshold set to UINT64_MAX (the pool keeps what it has).
+///    Peak reserved is the pool's cudaMemPoolAttrReservedMemHigh (reset and trimmed before the
+///    replay; afterwards the threshold is put back and the pool trimmed to 0).
+/// Size-0 allocations call nothing (cudaMalloc(0) gives no memory): they are counted as
+/// allocations, not as driver calls. driver_allocs / driver_frees count the calls made. The clock
+/// stops after a cudaStreamSynchronize (cudaMallocAsync) or cudaDeviceSynchronize (cudaMalloc).
+enum class baseline_kind { cuda_malloc, cuda_malloc_async };
+const char* to_string(baseline_kind b) noexcept;  ///< "cudaMalloc", "cudaMallocAsync"
 
 struct replay_options {
   device_choice device = device_choice::sim;
+  /// Replay against the CUDA runtime itself instead of devrt (`device`, `layout`, `threads`,
+  /// `wait` and `timeline_samples` are then unused). Needs a CUDA build.
+  std::optional<baseline_kind> baseline;
   memory::memory_layout layout = memory::preset::sub_slices;
   std::size_t threads = 0;  ///< 0: core mode; N >= 1: actor mode with N client threads
   bool wait = false;        ///< actor mode: reserve().get() instead of create()
@@ -56,7 +85,11 @@ struct timeline_point {
 
 struct replay_result {
   bool actor = false;
-  std::string device;  ///< the storage's name ("sim-h200", "host")
+  std::string allocator = "devrt";  ///< "devrt", "cudaMalloc" or "cudaMallocAsync"
+  std::string device;               ///< the storage's name ("sim-h200", "host", "cuda:0 (NVIDIA H200)")
+  /// Where peak_reserved_bytes comes from: "manager" (devrt's memory_statistics),
+  /// "cudaMemPoolAttrReservedMemHigh" or "cudaMemGetInfo" (see baseline_kind).
+  std::string peak_reserved_source = "manager";
   std::size_t threads = 0;
   std::uint64_t events = 0;  ///< events played (fewer than the trace's if strict stopped it)
   std::uint64_t allocations = 0;
@@ -81,7 +114,9 @@ struct replay_result {
 };
 
 /// Replays `t`. Errors: an invalid layout for the device (its validation error), a runtime that
-/// fails to start. Failed reserves are not errors: they are counted in the result.
+/// fails to start, a CUDA device that cannot be used (device_error whose `text` names the CUDA
+/// error), a CUDA replay asked of a build without CUDA (device_error, detail "built without CUDA"). Failed reserves are
+/// not errors: they are counted in the result.
 result<replay_result> replay(const trace& t, const replay_options& opts);
 
 /// Writes the timeline as CSV: `event,live_bytes,reserved_bytes`, one sample a line.
