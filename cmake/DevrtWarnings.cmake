@@ -7,6 +7,9 @@ function(devrt_set_warnings target)
   # Sanitizer presets build with warnings as warnings: GCC 12 reports false positives
   # (maybe-uninitialized, array-bounds) in the standard library under the sanitizers. The debug and
   # release presets keep -Werror.
+  if(DEVRT_SANITIZE)
+    target_compile_options(${target} PRIVATE -Wno-maybe-uninitialized -Wno-array-bounds)
+  endif()
   if("thread" IN_LIST DEVRT_SANITIZE)
     # Boost.Asio uses std::atomic_thread_fence, which GCC warns TSan does not model.
     target_compile_options(${target} PRIVATE -Wno-tsan)
