@@ -181,7 +181,9 @@ result<slice_view> memory_manager::find(const detail::descriptor* d) const {
   return visit_pool(pools_[loc.pool], [&](const auto& pool) { return pool.find(d); });
 }
 
-result<void> memory_manager::bind(memory_handle reserved, const memory_handle& assigned, std::uint64_t cursor) {
+// `reserved` is taken by value: bind consumes it, so the caller's copy is dropped on return.
+result<void> memory_manager::bind(memory_handle reserved,  // NOLINT(performance-unnecessary-value-param)
+                                  const memory_handle& assigned, std::uint64_t cursor) {
   process_releases();
   detail::descriptor* dr = reserved.raw();
   detail::descriptor* da = assigned.raw();

@@ -163,7 +163,7 @@ class compute_client {
   template <class R, class Token, class Body>
   auto async_run(Body&& body, Token&& token) const {
     return boost::asio::async_initiate<Token, typename detail::signature<R>::type>(
-        [](auto handler, std::shared_ptr<device_actor> actor, std::decay_t<Body> b) {
+        [](auto handler, const std::shared_ptr<device_actor>& actor, std::decay_t<Body> b) {
           auto ex = boost::asio::get_associated_executor(handler, actor->completion_executor());
           auto work = boost::asio::prefer(ex, boost::asio::execution::outstanding_work.tracked);
           actor->post(message([h = std::move(handler), b = std::move(b), w = std::move(work)](actor_core* core,
@@ -183,7 +183,7 @@ class compute_client {
   template <class R, class Token>
   auto async_fail(error e, Token&& token) const {
     return boost::asio::async_initiate<Token, typename detail::signature<R>::type>(
-        [](auto handler, std::shared_ptr<device_actor> actor, error err) {
+        [](auto handler, const std::shared_ptr<device_actor>& actor, const error& err) {
           auto ex = boost::asio::get_associated_executor(handler, actor->completion_executor());
           auto work = boost::asio::prefer(ex, boost::asio::execution::outstanding_work.tracked);
           const error_code ec = to_error_code(err);

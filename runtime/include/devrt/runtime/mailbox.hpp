@@ -29,6 +29,7 @@ class message {
   template <class F, class = std::enable_if_t<!std::is_same_v<std::decay_t<F>, message>>>
   explicit message(F&& f) {  // NOLINT(bugprone-forwarding-reference-overload)
     using T = std::decay_t<F>;
+    // NOLINTNEXTLINE(misc-redundant-expression): the terms are constant per message type
     if constexpr (sizeof(T) <= inline_size && alignof(T) <= alignof(std::max_align_t) &&
                   std::is_nothrow_move_constructible_v<T>) {
       ::new (static_cast<void*>(buf_)) T(std::forward<F>(f));
