@@ -66,7 +66,7 @@ result<void> host_storage::flush() {
   for (const memory::storage_id id : pending_) {
     auto it = pages_.find(id);
     if (it == pages_.end()) continue;
-    allocated_ -= it->second.size;
+    allocated_ -= it->second.range ? it->second.range_mapped : it->second.size;
     release(it->second);
     pages_.erase(it);
   }
@@ -99,5 +99,73 @@ result<void> host_storage::read(const memory::storage_handle& h, void* dst) {
   if (h.size != 0) std::memcpy(dst, r->ptr, h.size);
   return {};
 }
+
+result<memory::storage_handle> host_storage::reserve_range(std::uint64_t size, std::uint64_t unit) {
+  const std::uint64_t g = opts_.map_granularity;
+  if (g == 0) return error::make(errc::unsupported, "this host device was created without a map granularity");
+  if (unit == 0 || unit % g != 0 || size == 0 || size % unit != 0) {
+    error e = error::make(errc::invalid_argument,
+                          "an address range is a positive multiple of its unit, and the unit of the granularity");
+    e.size = size;
+    e.limit = unit;
+    return e;
+  }
+  void* m = ::mmap(nullptr, size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (m == MAP_FAILED) {
+    error e = error::make(errc::out_of_memory, "the system refused the address range");
+    e.size = size;
+    return e;
+  }
+  const memory::storage_id id = next_id_++;
+  pages_.emplace(id, page{m, size, true, true, 0});
+  return memory::storage_handle{id, 0, size};
+}
+
+host_storage::page* host_storage::find_range(memory::storage_id id, std::uint64_t offset, std::uint64_t size) {
+  auto it = pages_.find(id);
+  if (it == pages_.end() || !it->second.range) return nullptr;
+  const std::uint64_t g = opts_.map_granularity;
+  page& p = it->second;
+  if (size == 0 || offset % g != 0 || size % g != 0 || offset > p.size || size > p.size - offset) return nullptr;
+  return &p;
+}
+
+result<void> host_storage::map(memory::storage_id range, std::uint64_t offset, std::uint64_t size) {
+  page* p = find_range(range, offset, size);
+  if (p == nullptr) {
+    error e = error::make(errc::invalid_argument, "not whole granules inside a reserved host address range");
+    e.size = offset + size;
+    return e;
+  }
+  auto refuse = [&](const char* why) {
+    error e = error::make(errc::out_of_memory, why);
+    e.size = size;
+    e.in_use = allocated_;
+    e.limit = opts_.capacity;
+    return e;
+  };
+  if (opts_.capacity != 0 && size > opts_.capacity - std::min(allocated_, opts_.capacity)) {
+    return refuse("host capacity reached");
+  }
+  if (::mprotect(static_cast<std::byte*>(p->ptr) + offset, size, PROT_READ | PROT_WRITE) != 0) {
+    return refuse("mprotect refused access to the range");
+  }
+  p->range_mapped += size;
+  allocated_ += size;
+  return {};
+}
+
+void host_storage::unmap(memory::storage_id range, std::uint64_t offset, std::uint64_t size) {
+  page* p = find_range(range, offset, size);
+  if (p == nullptr) return;
+  void* at = static_cast<std::byte*>(p->ptr) + offset;
+  // The pages go back to the kernel; mapping them again gives zero-filled memory.
+  ::madvise(at, size, MADV_DONTNEED);
+  ::mprotect(at, size, PROT_NONE);
+  p->range_mapped -= size;
+  allocated_ -= size;
+}
+
+void host_storage::release_range(memory::storage_id range) { pending_.push_back(range); }
 
 }  // namespace devrt::devices

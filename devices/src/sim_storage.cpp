@@ -7,6 +7,7 @@ sim_options sim_options::h200() {
   o.props.capacity = 150'109'880'320ULL;
   o.props.alignment = 512;
   o.props.max_page_size = o.props.capacity / 4;
+  o.props.map_granularity = 2ULL << 20;
   o.name = "sim-h200";
   return o;
 }
@@ -48,6 +49,18 @@ result<void> sim_storage::flush() {
     return e;
   }
   for (const memory::storage_id id : pending_) {
+    if (auto r = ranges_.find(id); r != ranges_.end()) {
+      for (auto& st : r->second.granules) {
+        if (st == 0) continue;
+        st = 0;
+        mapped_ -= opts_.props.map_granularity;
+        allocated_ -= opts_.props.map_granularity;
+        ++frees_;
+      }
+      if (last_range_ == &r->second) last_range_ = nullptr;
+      ranges_.erase(r);
+      continue;
+    }
     auto it = pages_.find(id);
     if (it == pages_.end()) continue;
     allocated_ -= it->second;
@@ -59,6 +72,20 @@ result<void> sim_storage::flush() {
 }
 
 result<memory::resource> sim_storage::get(const memory::storage_handle& h) {
+  if (auto r = ranges_.find(h.id); r != ranges_.end()) {
+    if (h.offset > r->second.size || h.size > r->second.size - h.offset) {
+      error e = error::make(errc::invalid_argument, "the view ends past its simulated address range");
+      e.size = h.offset + h.size;
+      e.limit = r->second.size;
+      return e;
+    }
+    const std::uint64_t g = opts_.props.map_granularity;
+    const std::uint64_t last = h.size == 0 ? h.offset / g : (h.offset + h.size - 1) / g;
+    for (std::uint64_t k = h.offset / g; k <= last && k < r->second.granules.size(); ++k) {
+      if (r->second.granules[k] == 0) return error::make(errc::invalid_argument, "the view is not mapped");
+    }
+    return memory::resource{nullptr, h.size, h};
+  }
   auto it = pages_.find(h.id);
   if (it == pages_.end()) return error::make(errc::not_found, "the simulated page does not exist");
   if (h.offset > it->second || h.size > it->second - h.offset) {
@@ -80,6 +107,103 @@ result<void> sim_storage::read(const memory::storage_handle& h, void* /*dst*/) {
   auto r = get(h);
   if (!r) return std::move(r).err();
   return error::make(errc::invalid_argument, "the simulated device has no memory to read from");
+}
+
+result<memory::storage_handle> sim_storage::reserve_range(std::uint64_t size, std::uint64_t unit) {
+  const std::uint64_t g = opts_.props.map_granularity;
+  if (g == 0) return error::make(errc::unsupported, "this simulated device has no map granularity");
+  if (unit == 0 || unit % g != 0 || size == 0 || size % unit != 0) {
+    error e = error::make(errc::invalid_argument,
+                          "an address range is a positive multiple of its unit, and the unit of the granularity");
+    e.size = size;
+    e.limit = unit;
+    return e;
+  }
+  const memory::storage_id id = next_id_++;
+  ranges_.emplace(id, range{size, std::vector<std::uint8_t>(size / g, 0)});
+  return memory::storage_handle{id, 0, size};
+}
+
+result<void> sim_storage::check_granules(const range& r, std::uint64_t offset, std::uint64_t size) const {
+  const std::uint64_t g = opts_.props.map_granularity;
+  if (size == 0 || offset % g != 0 || size % g != 0 || offset > r.size || size > r.size - offset) {
+    error e = error::make(errc::invalid_argument, "the mapping is not whole granules inside the range");
+    e.size = offset + size;
+    e.limit = r.size;
+    return e;
+  }
+  return {};
+}
+
+result<void> sim_storage::map(memory::storage_id id, std::uint64_t offset, std::uint64_t size) {
+  range* rg = find_range(id);
+  if (rg == nullptr) return error::make(errc::not_found, "the simulated address range does not exist");
+  if (auto c = check_granules(*rg, offset, size); !c) return c;
+  const std::uint64_t g = opts_.props.map_granularity;
+  const std::uint64_t fresh = size;
+  ++alloc_calls_;
+  auto refuse = [&](const char* why) {
+    error e = error::make(errc::out_of_memory, why);
+    e.size = size;
+    e.in_use = allocated_;
+    e.limit = opts_.props.capacity;
+    return e;
+  };
+  if (fail_at_ && alloc_calls_ == *fail_at_) {
+    fail_at_.reset();
+    return refuse("injected allocation failure");
+  }
+  const std::uint64_t cap = opts_.props.capacity;
+  if (cap != 0 && (allocated_ > cap || fresh > cap - allocated_)) return refuse("simulated device capacity reached");
+  for (std::uint64_t k = offset / g; k < (offset + size) / g; ++k) {
+    if (rg->granules[k] != 0) {
+      for (std::uint64_t u = offset / g; u < k; ++u) rg->granules[u] = 0;
+      return error::make(errc::invalid_argument, "the granule is mapped already");
+    }
+    rg->granules[k] = 1;
+  }
+  mapped_ += fresh;
+  allocated_ += fresh;
+  peak_ = std::max(peak_, allocated_);
+  ++allocations_;
+  return {};
+}
+
+void sim_storage::unmap(memory::storage_id id, std::uint64_t offset, std::uint64_t size) {
+  range* rg = find_range(id);
+  if (rg == nullptr || !check_granules(*rg, offset, size)) {
+    ++misuses_;
+    return;
+  }
+  const std::uint64_t g = opts_.props.map_granularity;
+  for (std::uint64_t k = offset / g; k < (offset + size) / g; ++k) {
+    if (rg->granules[k] != 1) {
+      ++misuses_;
+      continue;
+    }
+    rg->granules[k] = 0;
+    mapped_ -= g;
+    allocated_ -= g;
+  }
+  ++frees_;
+}
+
+sim_storage::range* sim_storage::find_range(memory::storage_id id) {
+  // One range is the common case: remember the last one found.
+  if (id == last_range_id_ && last_range_ != nullptr) return last_range_;
+  auto it = ranges_.find(id);
+  if (it == ranges_.end()) return nullptr;
+  last_range_id_ = id;
+  last_range_ = &it->second;
+  return last_range_;
+}
+
+void sim_storage::release_range(memory::storage_id id) {
+  if (ranges_.find(id) == ranges_.end()) {
+    ++misuses_;
+    return;
+  }
+  pending_.push_back(id);
 }
 
 }  // namespace devrt::devices

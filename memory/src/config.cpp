@@ -78,6 +78,23 @@ std::vector<pool_options> exclusive_pages(const device_properties& props) {
   return pools;
 }
 
+// The address space of an arena when the layout does not say: twice the device memory, so that
+// fragmentation of the addresses never limits what fits in memory; 64 GiB when the size is unknown.
+std::uint64_t default_address_space(const device_properties& props, std::uint64_t granule) {
+  const std::uint64_t space = props.capacity != 0 ? 2 * props.capacity : 64 * gib;
+  return align_up(space, granule);
+}
+
+// Mappings of at most 32 MiB: few driver calls for big allocations, little memory held by
+// mappings that later slices reuse in part (measured on the traces, see BENCHMARKS.md).
+std::uint64_t default_chunk(std::uint64_t granule) { return std::max(granule, align_up(32 * mib, granule)); }
+
+pool_options arena_pool(const device_properties& props) {
+  const std::uint64_t granule = align_up(props.map_granularity, std::max<std::uint64_t>(props.alignment, 1));
+  return pool_options{pool_kind::arena, granule,      no_size_limit,         default_address_space(props, granule),
+                      std::nullopt,     std::nullopt, default_chunk(granule)};
+}
+
 std::string size_text(std::uint64_t n) {
   if (n != 0 && n % tib == 0) return fmt::format("{}TiB", n / tib);
   if (n != 0 && n % gib == 0) return fmt::format("{}GiB", n / gib);
@@ -106,14 +123,55 @@ result<std::uint64_t> parse_count(std::string_view text, std::string_view whole)
   return v;
 }
 
+// The keys of an arena pool: granule, max, space, slack (all optional).
+result<arena_pool_config> parse_arena(std::string_view keys) {
+  arena_pool_config a;
+  while (!keys.empty()) {
+    const std::size_t comma = keys.find(',');
+    const std::string_view kv = trim(keys.substr(0, comma));
+    keys = comma == std::string_view::npos ? std::string_view() : keys.substr(comma + 1);
+    if (kv.empty()) continue;
+    const std::size_t eq = kv.find('=');
+    if (eq == std::string_view::npos) return malformed_layout(kv, "expected key=value");
+    const std::string key = lower(trim(kv.substr(0, eq)));
+    std::optional<std::uint64_t>* field = nullptr;
+    if (key == "granule") field = &a.granule;
+    if (key == "max") field = &a.max_alloc_size;
+    if (key == "space") field = &a.address_space;
+    if (key == "slack") field = &a.slack;
+    if (key == "chunk") field = &a.chunk;
+    if (field == nullptr) {
+      return malformed_layout(kv, "unknown key for an arena (use granule, chunk, max, space, slack)");
+    }
+    auto size = parse_size(trim(kv.substr(eq + 1)));
+    if (!size) return std::move(size).err();
+    *field = *size;
+  }
+  return a;
+}
+
 }  // namespace
 
 std::vector<pool_options> preset_pools(preset p, const device_properties& props) {
-  return p == preset::sub_slices ? sub_slices(props) : exclusive_pages(props);
+  switch (p) {
+    case preset::automatic:
+      if (props.map_granularity != 0) return {arena_pool(props)};
+      return sub_slices(props);
+    case preset::sub_slices: return sub_slices(props);
+    case preset::exclusive_pages: return exclusive_pages(props);
+    case preset::arena:
+      // Validated by resolve_layout; without mapping the arena preset has no pools.
+      if (props.map_granularity != 0) return {arena_pool(props)};
+      return {};
+  }
+  return sub_slices(props);
 }
 
 result<std::vector<pool_options>> resolve_layout(const memory_layout& layout, const device_properties& props) {
-  if (const auto* p = std::get_if<preset>(&layout.value)) return preset_pools(*p, props);
+  if (const auto* p = std::get_if<preset>(&layout.value)) {
+    if (*p == preset::arena && props.map_granularity == 0) return error::make(errc::mapping_unsupported);
+    return preset_pools(*p, props);
+  }
   const auto& list = std::get<std::vector<pool_config>>(layout.value);
   if (list.empty()) return error::make(errc::empty_pool_list);
   if (list.size() > max_dynamic_pools) {
@@ -130,6 +188,28 @@ result<std::vector<pool_options>> resolve_layout(const memory_layout& layout, co
       if (x->dealloc_period && *x->dealloc_period == 0) return layout_error(errc::zero_size, i, "dealloc_period");
       out.push_back(
           pool_options{pool_kind::exclusive, 0, align_up(x->max_alloc_size, align), std::nullopt, x->dealloc_period});
+      continue;
+    }
+    if (const auto* a = std::get_if<arena_pool_config>(&list[i])) {
+      if (props.map_granularity == 0) return layout_error(errc::mapping_unsupported, i);
+      if (a->granule && *a->granule == 0) return layout_error(errc::zero_size, i, "granule");
+      if (a->max_alloc_size && *a->max_alloc_size == 0) return layout_error(errc::zero_size, i, "max_alloc_size");
+      if (a->address_space && *a->address_space == 0) return layout_error(errc::zero_size, i, "address_space");
+      // The granule is a multiple of the device's; the address space a multiple of the granule.
+      const std::uint64_t unit = align_up(props.map_granularity, align);
+      const std::uint64_t granule = align_up(a->granule.value_or(unit), unit);
+      const std::uint64_t space =
+          a->address_space ? align_up(*a->address_space, granule) : default_address_space(props, granule);
+      const std::uint64_t max = a->max_alloc_size ? align_up(*a->max_alloc_size, align) : no_size_limit;
+      if (max != no_size_limit && max > space) {
+        error e = layout_error(errc::slice_larger_than_page, i, "max_alloc_size");
+        e.size = max;
+        e.limit = space;
+        return e;
+      }
+      if (a->chunk && *a->chunk == 0) return layout_error(errc::zero_size, i, "chunk");
+      const std::uint64_t chunk = a->chunk ? align_up(*a->chunk, granule) : default_chunk(granule);
+      out.push_back(pool_options{pool_kind::arena, granule, max, space, std::nullopt, a->slack, chunk});
       continue;
     }
     const auto& s = std::get<sliced_pool_config>(list[i]);
@@ -160,7 +240,7 @@ result<std::vector<pool_options>> resolve_layout(const memory_layout& layout, co
       }
     }
     if (s.dealloc_period && *s.dealloc_period == 0) return layout_error(errc::zero_size, i, "dealloc_period");
-    out.push_back(pool_options{pool_kind::sliced, page, slice, s.max_pool_size, s.dealloc_period});
+    out.push_back(pool_options{pool_kind::sliced, page, slice, s.max_pool_size, s.dealloc_period, std::nullopt});
   }
   return out;
 }
@@ -244,6 +324,8 @@ result<memory_layout> parse_layout(std::string_view text) {
   const std::string_view whole = trim(text);
   if (whole.empty()) return malformed_layout(text, "the layout is empty; use a preset or a list of pools");
   const std::string name = lower(whole);
+  if (name == "auto" || name == "automatic" || name == "default") return memory_layout(preset::automatic);
+  if (name == "arena") return memory_layout(preset::arena);
   if (name == "sub-slices" || name == "subslices" || name == "sub_slices") return memory_layout(preset::sub_slices);
   if (name == "exclusive-pages" || name == "exclusive_pages" || name == "exclusivepages") {
     return memory_layout(preset::exclusive_pages);
@@ -256,14 +338,26 @@ result<memory_layout> parse_layout(std::string_view text) {
     rest = semi == std::string_view::npos ? std::string_view() : rest.substr(semi + 1);
     if (part.empty()) continue;
     const std::size_t colon = part.find(':');
+    if (colon == std::string_view::npos && lower(part) == "arena") {
+      pools.emplace_back(arena_pool_config{});
+      continue;
+    }
     if (colon == std::string_view::npos) {
       return malformed_layout(part,
-                              "expected 'sliced:key=value,...' or 'exclusive:key=value,...' or a preset "
-                              "(sub-slices, exclusive-pages)");
+                              "expected 'sliced:key=value,...', 'exclusive:key=value,...', 'arena:key=value,...' "
+                              "or a preset (auto, sub-slices, exclusive-pages, arena)");
     }
     const std::string kind = lower(trim(part.substr(0, colon)));
+    if (kind == "arena") {
+      auto a = parse_arena(part.substr(colon + 1));
+      if (!a) return std::move(a).err();
+      pools.emplace_back(*a);
+      continue;
+    }
     const bool sliced = kind == "sliced";
-    if (!sliced && kind != "exclusive") return malformed_layout(part, "unknown pool kind (use sliced or exclusive)");
+    if (!sliced && kind != "exclusive") {
+      return malformed_layout(part, "unknown pool kind (use sliced, exclusive or arena)");
+    }
     sliced_pool_config s;
     exclusive_pool_config x;
     bool has_main = false;
@@ -325,6 +419,19 @@ std::string to_string(const memory_layout& layout) {
     if (const auto* x = std::get_if<exclusive_pool_config>(&pc)) {
       out += fmt::format("exclusive:max={}", size_text(x->max_alloc_size));
       if (x->dealloc_period) out += fmt::format(",period={}", *x->dealloc_period);
+    } else if (const auto* a = std::get_if<arena_pool_config>(&pc)) {
+      std::string keys;
+      auto key = [&](const char* name, const std::optional<std::uint64_t>& v) {
+        if (!v) return;
+        keys += keys.empty() ? ":" : ",";
+        keys += fmt::format("{}={}", name, size_text(*v));
+      };
+      key("granule", a->granule);
+      key("chunk", a->chunk);
+      key("max", a->max_alloc_size);
+      key("space", a->address_space);
+      key("slack", a->slack);
+      out += "arena" + keys;
     } else {
       const auto& s = std::get<sliced_pool_config>(pc);
       out += fmt::format("sliced:page={}", size_text(s.page_size));
@@ -359,6 +466,14 @@ const char* to_string(persistent_policy p) noexcept {
   return "enabled";
 }
 
-const char* to_string(preset p) noexcept { return p == preset::sub_slices ? "sub-slices" : "exclusive-pages"; }
+const char* to_string(preset p) noexcept {
+  switch (p) {
+    case preset::automatic: return "auto";
+    case preset::sub_slices: return "sub-slices";
+    case preset::exclusive_pages: return "exclusive-pages";
+    case preset::arena: return "arena";
+  }
+  return "auto";
+}
 
 }  // namespace devrt::memory

@@ -1,6 +1,7 @@
 #include "devrt/memory/error.hpp"
 
 #include <fmt/format.h>
+#include <string_view>
 
 namespace devrt {
 
@@ -22,11 +23,13 @@ const char* to_string(errc c) noexcept {
     case errc::malformed_size: return "malformed_size";
     case errc::malformed_layout: return "malformed_layout";
     case errc::malformed_config: return "malformed_config";
+    case errc::mapping_unsupported: return "mapping_unsupported";
     case errc::capture_active: return "capture_active";
     case errc::no_capture: return "no_capture";
     case errc::shutdown: return "shutdown";
     case errc::device_error: return "device_error";
     case errc::task_failed: return "task_failed";
+    case errc::unsupported: return "unsupported";
   }
   return "unknown";
 }
@@ -59,10 +62,18 @@ std::string error::message() const {
       return fmt::format(
           "out of device memory: the device refused {} bytes{} ({} bytes held by devrt, device "
           "capacity {}); free memory, run an explicit cleanup and retry",
-          size, detail[0] != '\0' ? fmt::format(" [{}]", detail) : std::string(), in_use, limit);
+          size,
+          detail[0] != '\0'
+              ? fmt::format(" [{}{}]", detail, text.empty() || text == detail ? std::string() : ": " + text)
+              : std::string(),
+          in_use, limit);
     case errc::empty_pool_list: return "invalid layout: the pool list is empty";
     case errc::zero_size: return fmt::format("invalid layout{}: `{}` must be non-zero", where, detail);
     case errc::slice_larger_than_page:
+      if (std::string_view(detail) == "max_alloc_size") {
+        return fmt::format("invalid layout{}: max ({} bytes) is larger than the arena's address space ({} bytes)",
+                           where, size, limit);
+      }
       return fmt::format("invalid layout{}: max_slice_size ({} bytes) is larger than page_size ({} bytes)", where, size,
                          limit);
     case errc::cap_smaller_than_page:
@@ -82,11 +93,17 @@ std::string error::message() const {
                          detail);
     case errc::malformed_layout: return fmt::format("malformed layout '{}': {}", text, detail);
     case errc::malformed_config: return fmt::format("malformed configuration '{}': {}", text, detail);
+    case errc::mapping_unsupported:
+      return fmt::format(
+          "invalid layout{}: an arena pool maps memory into a reserved address range, and this device cannot; use "
+          "sliced or exclusive pools (or the sub-slices preset) on it",
+          where);
     case errc::capture_active: return fmt::format("not allowed during a capture: {}", detail);
     case errc::no_capture: return fmt::format("no capture window is open: {}", detail);
     case errc::shutdown: return fmt::format("the runtime is shut down: {}", detail);
     case errc::device_error: return fmt::format("device error: {}{}", detail, where);
     case errc::task_failed: return fmt::format("a submitted task failed: {}{}", detail, where);
+    case errc::unsupported: return fmt::format("not supported by this device: {}{}", detail, where);
   }
   return "unknown devrt error";
 }

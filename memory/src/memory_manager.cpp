@@ -71,10 +71,10 @@ void memory_manager::build_pools(const std::vector<pool_options>& layout) {
   const std::uint64_t align = store_.alignment();
   for (std::size_t i = 0; i < layout.size(); ++i) {
     const auto index = static_cast<std::uint8_t>(i);
-    if (layout[i].kind == pool_kind::sliced) {
-      pools_.emplace_back(std::make_unique<sliced_pool>(layout[i], align, index));
-    } else {
-      pools_.emplace_back(std::make_unique<exclusive_pool>(layout[i], align, index));
+    switch (layout[i].kind) {
+      case pool_kind::sliced: pools_.emplace_back(std::make_unique<sliced_pool>(layout[i], align, index)); break;
+      case pool_kind::exclusive: pools_.emplace_back(std::make_unique<exclusive_pool>(layout[i], align, index)); break;
+      case pool_kind::arena: pools_.emplace_back(std::make_unique<arena_pool>(layout[i], align, index)); break;
     }
   }
 }
@@ -165,8 +165,9 @@ result<memory_handle> memory_manager::reserve(std::uint64_t size) {
   e.size = size;
   std::uint64_t largest = 0;
   for (const auto& o : layout_) {
-    largest =
-        std::max(largest, o.kind == pool_kind::sliced ? std::max(o.page_size, o.max_alloc_size) : o.max_alloc_size);
+    largest = std::max(largest, o.kind == pool_kind::sliced  ? std::max(o.page_size, o.max_alloc_size)
+                                : o.kind == pool_kind::arena ? std::min(o.max_alloc_size, o.max_pool_size.value_or(0))
+                                                             : o.max_alloc_size);
   }
   e.limit = largest;
   return e;
@@ -368,10 +369,17 @@ std::string memory_manager::report() {
 std::vector<pool_config> memory_manager::layout_to_configs() const {
   std::vector<pool_config> out;
   for (const auto& o : layout_) {
-    if (o.kind == pool_kind::sliced) {
-      out.emplace_back(sliced_pool_config{o.page_size, o.max_alloc_size, o.max_pool_size, o.dealloc_period});
-    } else {
-      out.emplace_back(exclusive_pool_config{o.max_alloc_size, o.dealloc_period});
+    switch (o.kind) {
+      case pool_kind::sliced:
+        out.emplace_back(sliced_pool_config{o.page_size, o.max_alloc_size, o.max_pool_size, o.dealloc_period});
+        break;
+      case pool_kind::exclusive: out.emplace_back(exclusive_pool_config{o.max_alloc_size, o.dealloc_period}); break;
+      case pool_kind::arena:
+        out.emplace_back(arena_pool_config{
+            o.page_size,
+            o.max_alloc_size == no_size_limit ? std::nullopt : std::optional<std::uint64_t>(o.max_alloc_size),
+            o.max_pool_size, o.chunk, o.slack});
+        break;
     }
   }
   return out;

@@ -23,10 +23,10 @@ std::string memory_usage::to_string() const {
 std::string memory_statistics::to_string() const {
   return fmt::format(
       "statistics: reserved {} (peak {}), in use {} (peak {}), {} reserves ({} failed), {} driver allocations, {} "
-      "driver frees, {} out-of-memory, {} explicit cleanups, {} reclaims\n",
+      "driver frees, {} maps, {} unmaps, {} out-of-memory, {} explicit cleanups, {} reclaims\n",
       format_bytes(bytes_reserved), format_bytes(peak_bytes_reserved), format_bytes(bytes_in_use),
-      format_bytes(peak_bytes_in_use), reserves, failed_reserves, driver_allocs, driver_frees, out_of_memory, cleanups,
-      reclaims);
+      format_bytes(peak_bytes_in_use), reserves, failed_reserves, driver_allocs, driver_frees, maps, unmaps,
+      out_of_memory, cleanups, reclaims);
 }
 
 }  // namespace devrt::memory

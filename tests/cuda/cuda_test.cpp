@@ -91,6 +91,44 @@ TEST(CudaStorage, RefusedAllocationCarriesTheCudaErrorName) {
   EXPECT_TRUE(s.alloc(4096));  // the storage still works
 }
 
+TEST(CudaStorage, AddressRangesMapAndUnmapInStreamOrder) {
+  DEVRT_REQUIRE_GPU();
+  devices::cuda_storage s(0);
+  const std::uint64_t g = s.properties().map_granularity;
+  ASSERT_GT(g, 0u) << "this GPU's driver offers no virtual memory management";
+  auto range = s.reserve_range(64 * g, 2 * g);
+  ASSERT_TRUE(range) << range.err().message();
+  EXPECT_EQ(s.map(range->id, g, 2 * g).code(), errc::invalid_argument);  // not whole units
+  ASSERT_TRUE(s.map(range->id, 0, 4 * g));
+  EXPECT_EQ(s.mapped_bytes(), 4 * g);
+  EXPECT_EQ(s.map(range->id, 2 * g, 2 * g).code(), errc::invalid_argument);  // mapped already
+  const auto data = bytes_of(3 * g, 7);
+  const memory::storage_handle view{range->id, 512, 3 * g};
+  ASSERT_TRUE(s.write(view, data.data()));
+  std::vector<std::byte> back(3 * g);
+  ASSERT_TRUE(s.read(view, back.data()));
+  EXPECT_EQ(std::memcmp(back.data(), data.data(), back.size()), 0);
+  // An unmap waits for the stream: the memory stays until a flush after the queued work.
+  s.unmap(range->id, 2 * g, 2 * g);
+  EXPECT_EQ(s.mapped_bytes(), 4 * g);
+  EXPECT_EQ(s.pending_deallocations(), 1u);
+  ASSERT_TRUE(s.synchronize());
+  ASSERT_TRUE(s.flush());
+  ASSERT_TRUE(s.flush());  // completes the batch whose event has passed
+  EXPECT_EQ(s.mapped_bytes(), 2 * g);
+  // Mapping again before the unmap happened keeps the memory; after it, new memory is created.
+  s.unmap(range->id, 0, 2 * g);
+  ASSERT_TRUE(s.map(range->id, 0, 2 * g));
+  EXPECT_EQ(s.mapped_bytes(), 2 * g);
+  ASSERT_TRUE(s.read(memory::storage_handle{range->id, 512, 1024}, back.data()));
+  EXPECT_EQ(std::memcmp(back.data(), data.data(), 1024), 0) << "memory whose unmap was cancelled lost its data";
+  ASSERT_TRUE(s.map(range->id, 2 * g, 2 * g));
+  EXPECT_EQ(s.mapped_bytes(), 4 * g);
+  s.release_range(range->id);
+  EXPECT_EQ(s.mapped_bytes(), 0u);
+  EXPECT_EQ(s.get(*range).code(), errc::not_found);
+}
+
 // ---- Manager on CUDA: filling the GPU ----
 
 TEST(CudaManager, FillTheGpuThenRecover) {
@@ -117,6 +155,35 @@ TEST(CudaManager, FillTheGpuThenRecover) {
   auto again = m.reserve(4ULL << 30);
   EXPECT_TRUE(again) << again.err().message();
   EXPECT_EQ(m.check_invariants(), "");
+}
+
+TEST(CudaManager, ArenaFillsTheGpuThenRecovers) {
+  DEVRT_REQUIRE_GPU();
+  memory::memory_manager m(memory::storage::make<devices::cuda_storage>(0),
+                           memory::manager_options{"cuda", memory::preset::arena});
+  ASSERT_EQ(m.layout().front().kind, memory::pool_kind::arena);
+  std::vector<memory_handle> held;
+  result<memory_handle> last = error::make(errc::ok);
+  for (int i = 0; i < 64; ++i) {
+    last = m.reserve(4ULL << 30);
+    if (!last) break;
+    held.push_back(*last);
+  }
+  ASSERT_FALSE(last) << "the GPU never filled";
+  EXPECT_EQ(last.code(), errc::out_of_memory);
+  EXPECT_NE(last.err().message().find("CUDA_ERROR_OUT_OF_MEMORY"), std::string::npos) << last.err().message();
+  EXPECT_EQ(m.check_invariants(), "");
+  held.pop_back();
+  held.pop_back();
+  ASSERT_TRUE(m.reclaim());
+  auto again = m.reserve(4ULL << 30);
+  EXPECT_TRUE(again) << again.err().message();
+  EXPECT_EQ(m.check_invariants(), "");
+  // The memory held follows the live bytes: dropping everything gives it back.
+  held.clear();
+  again = error::make(errc::ok);
+  ASSERT_TRUE(m.reclaim());
+  EXPECT_EQ(m.statistics().bytes_reserved, 0u);
 }
 
 // ---- Through the actor ----

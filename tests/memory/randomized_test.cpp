@@ -38,6 +38,7 @@ namespace {
 
 using devrt::errc;
 using devrt::memory::allocation_mode;
+using devrt::memory::arena_pool_config;
 using devrt::memory::exclusive_pool_config;
 using devrt::memory::location;
 using devrt::memory::manager_options;
@@ -198,7 +199,15 @@ class harness {
   void refresh_layout() {
     largest_ = 0;
     capped_ = false;
+    arena_ = false;
     for (const pool_options& o : m_.layout()) {
+      if (o.kind == pool_kind::arena) {
+        // An arena takes up to its max, within its address space; a full address space is an
+        // out-of-memory error.
+        largest_ = std::max(largest_, std::min(o.max_alloc_size, *o.max_pool_size));
+        arena_ = true;
+        continue;
+      }
       largest_ =
           std::max(largest_, o.kind == pool_kind::sliced ? std::max(o.page_size, o.max_alloc_size) : o.max_alloc_size);
       capped_ = capped_ || o.max_pool_size.has_value();
@@ -244,6 +253,19 @@ class harness {
     }
     std::uint64_t last = random_page();
     while (devrt::memory::align_up(last, align) < top) last *= 2;
+    const std::uint64_t granularity = m_.properties().map_granularity;
+    if (granularity != 0 && chance(0.4)) {
+      // An arena last: small address spaces so that filling them is part of the run.
+      arena_pool_config a;
+      const std::uint64_t granule = granularity * uniform(1, 3);
+      if (chance(0.5)) a.granule = granule;
+      const std::uint64_t space = granule * uniform(std::max<std::uint64_t>(8, 2 * last / granule + 2), 256);
+      a.address_space = space;
+      if (chance(0.3)) a.max_alloc_size = std::max(last, uniform(1, space / 2));
+      if (chance(0.5)) a.slack = uniform(0, 6) * granularity;
+      pools.emplace_back(a);
+      return memory_layout(std::move(pools));
+    }
     if (chance(0.6)) {
       sliced_pool_config s;
       s.page_size = last;
@@ -379,6 +401,10 @@ class harness {
     }
     if (c == errc::pool_capacity_exceeded && capped_) {
       counts_.add("reserve pool_capacity_exceeded");
+      return {};
+    }
+    if (c == errc::out_of_memory && arena_) {
+      counts_.add("reserve arena full");
       return {};
     }
     return fmt::format("reserve({}) failed with {} ({}); largest pool {}, layout {}", size, devrt::to_string(c),
@@ -804,6 +830,7 @@ class harness {
   std::set<storage_id> touched_;
 
   std::uint64_t largest_ = 0;
+  bool arena_ = false;
   bool capped_ = false;
 
   op_counts counts_;
@@ -853,8 +880,10 @@ TEST(Randomized, SimStorageAgainstModel) {
   cfg.large_max = 128ULL << 20;
   cfg.target_live = 150;
   devrt::devices::sim_options o;
-  o.props = {cfg.max_page, 32, 0};
-  memory_manager m(storage::make<devrt::devices::sim_storage>(o), manager_options{});
+  o.props = {cfg.max_page, 32, 0, 1ULL << 20};
+  manager_options mo;
+  mo.layout = preset::sub_slices;
+  memory_manager m(storage::make<devrt::devices::sim_storage>(o), mo);
   harness h(m, cfg);
   const auto t0 = std::chrono::steady_clock::now();
   const std::string failure = h.run();
@@ -878,7 +907,9 @@ TEST(Randomized, HostStorageWithDataIntegrity) {
   devrt::devices::host_options o;
   o.alignment = 64;
   o.max_page_size = cfg.max_page;
-  memory_manager m(storage::make<devrt::devices::host_storage>(o), manager_options{});
+  manager_options mo;
+  mo.layout = preset::sub_slices;
+  memory_manager m(storage::make<devrt::devices::host_storage>(o), mo);
   harness h(m, cfg);
   const auto t0 = std::chrono::steady_clock::now();
   const std::string failure = h.run();
@@ -898,8 +929,10 @@ TEST(Randomized, ManySeedsShort) {
     cfg.large_max = 128ULL << 20;
     cfg.target_live = 40;
     devrt::devices::sim_options o;
-    o.props = {cfg.max_page, 32, 0};
-    memory_manager m(storage::make<devrt::devices::sim_storage>(o), manager_options{});
+    o.props = {cfg.max_page, 32, 0, seed % 2 == 0 ? 1ULL << 20 : 0};
+    manager_options mo;
+    mo.layout = preset::sub_slices;
+    memory_manager m(storage::make<devrt::devices::sim_storage>(o), mo);
     harness h(m, cfg);
     ASSERT_EQ(h.run(), "") << "seed " << cfg.seed;
   }

@@ -267,8 +267,10 @@ Replays an allocation trace against devrt and reports time per event and memory 
                           cudaMalloc costs ~35 us an event: use --limit 200000
   --compare               devrt on cuda, cudaMallocAsync and cudaMalloc (first 200,000 events
                           at most) in one run, one table (CUDA builds)
-  --layout LAYOUT         pool layout: sub-slices (default), exclusive-pages, or pools such as
-                          "sliced:page=64MiB,slice=8MiB;exclusive:max=1MiB"
+  --layout LAYOUT         pool layout: auto (default: arena where the device maps memory,
+                          sub-slices elsewhere), arena, sub-slices, exclusive-pages, or pools
+                          such as "sliced:page=64MiB,slice=8MiB;exclusive:max=1MiB" or
+                          "arena:granule=8MiB,slack=64MiB"
   --threads N             actor mode: N client threads of one runtime (ids spread by id % N)
   --wait                  actor mode: reserve().get() per allocation instead of create()
   --strict                stop at the first failed reserve (exit code 1)
@@ -529,6 +531,8 @@ int run_cli(const std::vector<std::string>& args, std::ostream& out, std::ostrea
     field("reserved_at_end_bytes", std::to_string(r->reserved_at_end));
     field("driver_allocs", std::to_string(r->driver_allocs));
     field("driver_frees", std::to_string(r->driver_frees));
+    field("maps", std::to_string(r->maps));
+    field("unmaps", std::to_string(r->unmaps));
     field("failures", std::to_string(r->failures));
     field("first_failure", json_string(r->first_failure));
     field("stopped", r->stopped ? "true" : "false");
@@ -569,8 +573,10 @@ int run_cli(const std::vector<std::string>& args, std::ostream& out, std::ostrea
                        group_digits(r->peak_reserved_bytes),
                        r->peak_reserved_source != "manager" ? fmt::format(", from {}", r->peak_reserved_source) : "");
     out << fmt::format("ratio          {:.3f}\n", r->ratio);
-    out << fmt::format("driver         {} allocations, {} frees\n", group_digits(r->driver_allocs),
-                       group_digits(r->driver_frees));
+    out << fmt::format(
+        "driver         {} allocations, {} frees{}\n", group_digits(r->driver_allocs), group_digits(r->driver_frees),
+        r->maps + r->unmaps != 0 ? fmt::format("; {} maps, {} unmaps", group_digits(r->maps), group_digits(r->unmaps))
+                                 : std::string());
     out << fmt::format("failures       {}{}\n", group_digits(r->failures),
                        r->failures != 0 ? fmt::format(" (first: {})", r->first_failure) : "");
     if (r->stopped) out << "stopped        at the first failure (--strict)\n";

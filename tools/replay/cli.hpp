@@ -20,7 +20,7 @@ struct cli_options {
   bool device_given = false;
   std::optional<baseline_kind> baseline;  ///< --baseline: the CUDA runtime instead of devrt
   bool compare = false;                   ///< --compare: devrt on cuda, cudaMallocAsync, cudaMalloc
-  std::string layout_text = "sub-slices";
+  std::string layout_text = "auto";
   memory::memory_layout layout = memory::preset::sub_slices;
   std::size_t threads = 0;
   bool wait = false;

@@ -156,6 +156,8 @@ result<replay_result> replay_core(const trace& t, const replay_options& o) {
   r.reserved_at_end = st.bytes_reserved;
   r.driver_allocs = st.driver_allocs;
   r.driver_frees = st.driver_frees;
+  r.maps = st.maps;
+  r.unmaps = st.unmaps;
   if (samples.on()) r.timeline = samples.finish(played);
   finish_rates(r);
   handles.clear();  // before the manager goes: not timed
@@ -292,6 +294,8 @@ result<replay_result> replay_actor(const trace& t, const replay_options& o) {
   r.reserved_at_end = st.bytes_reserved;
   r.driver_allocs = st.driver_allocs;
   r.driver_frees = st.driver_frees;
+  r.maps = st.maps;
+  r.unmaps = st.unmaps;
   if (o.wait) {
     r.failures = failures.load();
     r.first_failure = first_failure;

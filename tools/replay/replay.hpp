@@ -65,7 +65,7 @@ struct replay_options {
   /// Replay against the CUDA runtime itself instead of devrt (`device`, `layout`, `threads`,
   /// `wait` and `timeline_samples` are then unused). Needs a CUDA build.
   std::optional<baseline_kind> baseline;
-  memory::memory_layout layout = memory::preset::sub_slices;
+  memory::memory_layout layout = memory::preset::automatic;
   std::size_t threads = 0;  ///< 0: core mode; N >= 1: actor mode with N client threads
   bool wait = false;        ///< actor mode: reserve().get() instead of create()
   bool strict = false;      ///< stop at the first failed reserve
@@ -107,6 +107,8 @@ struct replay_result {
   std::uint64_t reserved_at_end = 0;  ///< bytes still held from the device after the last event
   std::uint64_t driver_allocs = 0;
   std::uint64_t driver_frees = 0;
+  std::uint64_t maps = 0;      ///< memory mapped into address ranges (arena pools), calls
+  std::uint64_t unmaps = 0;    ///< memory unmapped from address ranges, calls
   std::uint64_t failures = 0;  ///< failed reserves
   std::string first_failure;   ///< the first one's message, with its event
   bool stopped = false;        ///< strict mode stopped at a failure

@@ -1,5 +1,7 @@
 // Host storage: pages of real, aligned, zero-filled host memory. A resource's pointer can be read
-// and written by the program.
+// and written by the program. It also reserves address ranges (mmap without access) and maps
+// memory into them granule by granule (access granted; unmapping hands the pages back to the
+// kernel at once, since the host has no queued work).
 //
 // Threading: owned by one memory manager; called only from its owner thread.
 #pragma once
@@ -14,9 +16,10 @@
 namespace devrt::devices {
 
 struct host_options {
-  std::uint64_t alignment = 64;              ///< a power of two
-  std::uint64_t max_page_size = 1ULL << 30;  ///< largest page the layouts ask for
-  std::uint64_t capacity = 0;                ///< refuse allocations past this many bytes (0: no limit)
+  std::uint64_t alignment = 64;                ///< a power of two
+  std::uint64_t max_page_size = 1ULL << 30;    ///< largest page the layouts ask for
+  std::uint64_t capacity = 0;                  ///< refuse allocations past this many bytes (0: no limit)
+  std::uint64_t map_granularity = 1ULL << 21;  ///< unit of mapping into ranges (0: no ranges); a page multiple
 };
 
 class host_storage {
@@ -29,7 +32,7 @@ class host_storage {
 
   [[nodiscard]] std::uint64_t alignment() const noexcept { return opts_.alignment; }
   [[nodiscard]] memory::device_properties properties() const noexcept {
-    return {opts_.max_page_size, opts_.alignment, opts_.capacity};
+    return {opts_.max_page_size, opts_.alignment, opts_.capacity, opts_.map_granularity};
   }
   /// A new zero-filled page. Error out_of_memory when the system or the capacity refuses it.
   result<memory::storage_handle> alloc(std::uint64_t size);
@@ -45,6 +48,18 @@ class host_storage {
   [[nodiscard]] std::size_t pending_deallocations() const noexcept { return pending_.size(); }
   [[nodiscard]] std::string name() const { return "host"; }
 
+  // ---- Address ranges ----
+  /// Addresses only (no access, no memory). Errors: unsupported (granularity 0), invalid_argument
+  /// (not a granule multiple), out_of_memory (the system refused the addresses).
+  result<memory::storage_handle> reserve_range(std::uint64_t size, std::uint64_t unit);
+  /// Grants access to zero-filled memory. Errors: out_of_memory (capacity, or the system refused),
+  /// not_found, invalid_argument (not whole granules inside the range).
+  result<void> map(memory::storage_id range, std::uint64_t offset, std::uint64_t size);
+  /// Returns the pages to the kernel and removes access.
+  void unmap(memory::storage_id range, std::uint64_t offset, std::uint64_t size);
+  /// Frees the addresses at the next flush.
+  void release_range(memory::storage_id range);
+
   [[nodiscard]] std::uint64_t allocated_bytes() const noexcept { return allocated_; }
   [[nodiscard]] std::size_t page_count() const noexcept { return pages_.size(); }
 
@@ -53,7 +68,10 @@ class host_storage {
     void* ptr;
     std::uint64_t size;
     bool mapped;  // from mmap rather than the heap
+    bool range = false;
+    std::uint64_t range_mapped = 0;  // bytes of a range with memory behind them
   };
+  page* find_range(memory::storage_id id, std::uint64_t offset, std::uint64_t size);
   void release(const page& p) noexcept;
 
   host_options opts_;

@@ -1,6 +1,8 @@
 // Simulated storage: pages are ids and sizes only, with no memory behind them. It has the
 // properties and capacity of any device (an H200's by `sim_options::h200()`), so traces larger than
 // this machine can be replayed, and it fails on request: the N-th allocation, or the next flush.
+// With a map granularity it also reserves address ranges and maps granules into them; unmapping
+// takes effect at once (the simulated device runs no work that could still use the memory).
 //
 // Threading: owned by one memory manager; called only from its owner thread.
 #pragma once
@@ -19,7 +21,8 @@ struct sim_options {
   memory::device_properties props{1ULL << 30, 512, 0};  ///< capacity 0: no limit
   std::string name = "sim";
 
-  /// An NVIDIA H200: 512-byte alignment, 150,109,880,320 bytes, pages up to a quarter of that.
+  /// An NVIDIA H200: 512-byte alignment, 150,109,880,320 bytes, pages up to a quarter of that,
+  /// memory mapped in 2 MiB granules.
   static sim_options h200();
 };
 
@@ -41,6 +44,17 @@ class sim_storage {
   [[nodiscard]] std::size_t pending_deallocations() const noexcept { return pending_.size(); }
   [[nodiscard]] std::string name() const { return opts_.name; }
 
+  // ---- Address ranges (when `props.map_granularity` is not 0) ----
+  /// Error unsupported without a map granularity; invalid_argument for a size that is not a
+  /// multiple of it.
+  result<memory::storage_handle> reserve_range(std::uint64_t size, std::uint64_t unit);
+  /// Counts like an allocation (capacity, injected failures). Errors: out_of_memory, not_found,
+  /// invalid_argument (not granule multiples, outside the range, or already mapped).
+  result<void> map(memory::storage_id range, std::uint64_t offset, std::uint64_t size);
+  /// Takes effect at once; misuse (unmapping what is not mapped) is counted, see misuses().
+  void unmap(memory::storage_id range, std::uint64_t offset, std::uint64_t size);
+  void release_range(memory::storage_id range);
+
   // ---- Fault injection and introspection ----
   /// Makes the n-th allocation from now (1 = the next one) fail with out_of_memory.
   void fail_allocation(std::uint64_t n) noexcept { fail_at_ = alloc_calls_ + n; }
@@ -53,10 +67,28 @@ class sim_storage {
   [[nodiscard]] std::uint64_t alloc_calls() const noexcept { return alloc_calls_; }
   [[nodiscard]] std::uint64_t allocations() const noexcept { return allocations_; }
   [[nodiscard]] std::uint64_t frees() const noexcept { return frees_; }
+  /// Bytes mapped into address ranges.
+  [[nodiscard]] std::uint64_t mapped_bytes() const noexcept { return mapped_; }
+  [[nodiscard]] std::size_t range_count() const noexcept { return ranges_.size(); }
+  /// Calls that broke the contract (unmapping what is not mapped, unknown ranges).
+  [[nodiscard]] std::uint64_t misuses() const noexcept { return misuses_; }
 
  private:
   sim_options opts_;
+  // Granule states of a range: 0 unmapped, 1 mapped.
+  struct range {
+    std::uint64_t size = 0;
+    std::vector<std::uint8_t> granules;
+  };
+  result<void> check_granules(const range& r, std::uint64_t offset, std::uint64_t size) const;
+  range* find_range(memory::storage_id id);
+
   std::unordered_map<memory::storage_id, std::uint64_t> pages_;
+  std::unordered_map<memory::storage_id, range> ranges_;
+  std::uint64_t mapped_ = 0;
+  std::uint64_t misuses_ = 0;
+  memory::storage_id last_range_id_ = 0;
+  range* last_range_ = nullptr;  // unordered_map nodes do not move
   std::vector<memory::storage_id> pending_;
   std::uint64_t allocated_ = 0;
   std::uint64_t peak_ = 0;

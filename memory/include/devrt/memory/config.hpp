@@ -16,6 +16,8 @@ namespace devrt::memory {
 
 /// Most dynamic pools a layout may have (the persistent pool uses index 255).
 inline constexpr std::size_t max_dynamic_pools = 254;
+/// `max_alloc_size` of a pool that takes any size.
+inline constexpr std::uint64_t no_size_limit = UINT64_MAX;
 /// Most pages a capped sliced pool may hold.
 inline constexpr std::uint64_t max_pages_per_pool = 65535;
 
@@ -35,17 +37,34 @@ struct sliced_pool_config {
   friend bool operator==(const sliced_pool_config&, const sliced_pool_config&) = default;
 };
 
-using pool_config = std::variant<exclusive_pool_config, sliced_pool_config>;
+/// An arena: one reserved address range where allocations are placed best fit and free neighbours
+/// coalesce; memory is mapped behind the range only where live allocations are, granule by granule,
+/// so the holes between allocations hold no memory. Needs a device with a map granularity.
+struct arena_pool_config {
+  std::optional<std::uint64_t> granule;         ///< bytes mapped at a time; default: the device's granularity
+  std::optional<std::uint64_t> max_alloc_size;  ///< largest request; default: no limit
+  std::optional<std::uint64_t> address_space;   ///< addresses reserved; default: twice the device memory
+  /// Largest mapping (a multiple of the granule); default: 32 MiB (at least one granule).
+  std::optional<std::uint64_t> chunk;
+  /// Free bytes kept mapped at most; default: free memory stays mapped until memory is needed
+  /// elsewhere in the arena (the memory held never exceeds the peak the allocations touched).
+  std::optional<std::uint64_t> slack;
+  friend bool operator==(const arena_pool_config&, const arena_pool_config&) = default;
+};
+
+using pool_config = std::variant<exclusive_pool_config, sliced_pool_config, arena_pool_config>;
 
 /// Built-in layouts computed from the device properties.
 enum class preset {
-  sub_slices,      ///< a ladder of sliced pools of growing page size (the default)
-  exclusive_pages  ///< log-spaced exclusive buckets, one allocation per page
+  automatic,        ///< `arena` on devices that map memory, `sub_slices` on the others (the default)
+  sub_slices,       ///< a ladder of sliced pools of growing page size
+  exclusive_pages,  ///< log-spaced exclusive buckets, one allocation per page
+  arena             ///< a single arena pool for every size (devices that map memory only)
 };
 
 /// A layout: a preset or an explicit list of pools in routing order.
 struct memory_layout {
-  std::variant<preset, std::vector<pool_config>> value = preset::sub_slices;
+  std::variant<preset, std::vector<pool_config>> value = preset::automatic;
 
   memory_layout() = default;
   memory_layout(preset p) : value(p) {}                                       // NOLINT(google-explicit-constructor)
@@ -53,20 +72,23 @@ struct memory_layout {
 };
 
 /// A validated pool, with sizes aligned to the device. This is what the pools are built from.
-enum class pool_kind : std::uint8_t { sliced, exclusive };
+enum class pool_kind : std::uint8_t { sliced, exclusive, arena };
 
 struct pool_options {
   pool_kind kind = pool_kind::sliced;
-  std::uint64_t page_size = 0;       ///< sliced: bytes per page
-  std::uint64_t max_alloc_size = 0;  ///< sliced: largest slice; exclusive: largest allocation
-  std::optional<std::uint64_t> max_pool_size;
+  std::uint64_t page_size = 0;                 ///< sliced: bytes per page; arena: the granule
+  std::uint64_t max_alloc_size = 0;            ///< sliced: largest slice; exclusive, arena: largest allocation
+  std::optional<std::uint64_t> max_pool_size;  ///< sliced: cap; arena: the address space
   std::optional<std::uint64_t> dealloc_period;
+  std::optional<std::uint64_t> slack;  ///< arena: free bytes kept mapped at most (default: see arena_pool_config)
+  std::optional<std::uint64_t> chunk;  ///< arena: largest mapping, a multiple of the granule
   friend bool operator==(const pool_options&, const pool_options&) = default;
 };
 
 /// Resolves a layout against a device, validating every explicit pool. Errors:
 /// empty_pool_list, too_many_pools, zero_size (detail names the field), slice_larger_than_page,
-/// cap_smaller_than_page, too_many_pages.
+/// cap_smaller_than_page, too_many_pages, mapping_unsupported (an arena, or the arena preset, on a
+/// device whose map granularity is 0).
 result<std::vector<pool_options>> resolve_layout(const memory_layout& layout, const device_properties& props);
 
 /// The pools of a preset for a device.
@@ -94,7 +116,8 @@ result<std::uint64_t> parse_size(std::string_view text);
 std::string format_bytes(std::uint64_t bytes);
 
 /// Parses a layout string:
-///   "sub-slices" | "exclusive-pages"                        a preset
+///   "auto" | "sub-slices" | "exclusive-pages" | "arena"     a preset
+///   "arena:granule=2MiB,chunk=32MiB,max=1GiB,space=256GiB,slack=64MiB"   an arena (keys optional)
 ///   "sliced:page=64MiB,slice=8MiB,cap=1GiB,period=1000;exclusive:max=1MiB,period=5000"
 /// Pools are separated by ';' and routed in that order. Error: malformed_layout, malformed_size.
 /// The result is not validated yet: pass it to resolve_layout.

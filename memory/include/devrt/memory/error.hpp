@@ -35,12 +35,14 @@ enum class errc : int {
   malformed_size = 26,
   malformed_layout = 27,
   malformed_config = 28,
+  mapping_unsupported = 29,  ///< an arena pool on a device that cannot map memory into address ranges
   // State.
   capture_active = 30,  ///< the operation is not allowed while a capture window is open
   no_capture = 31,      ///< capture_end without capture_begin
   shutdown = 32,        ///< the runtime is shutting down or gone
   device_error = 40,    ///< the storage backend failed (driver error, failed flush)
   task_failed = 41,     ///< a function submitted to a device threw
+  unsupported = 42,     ///< the device does not offer the operation (e.g. mapping on a device without it)
 };
 
 /// Whether an error kind means the layout or configuration given was invalid.

@@ -16,6 +16,7 @@
 #include <variant>
 #include <vector>
 
+#include "devrt/memory/arena_pool.hpp"
 #include "devrt/memory/config.hpp"
 #include "devrt/memory/exclusive_pool.hpp"
 #include "devrt/memory/handle.hpp"
@@ -30,7 +31,7 @@ namespace devrt::memory {
 /// How a manager is set up.
 struct manager_options {
   std::string name = "device";
-  memory_layout layout = preset::sub_slices;
+  memory_layout layout = preset::automatic;
   persistent_policy policy = persistent_policy::enabled;
   /// Initial mode; by default `persistent` under the `enforced` policy and `automatic` otherwise.
   std::optional<allocation_mode> mode;
@@ -44,7 +45,8 @@ struct configure_outcome {
 };
 
 /// One dynamic pool of the current layout.
-using dynamic_pool = std::variant<std::unique_ptr<sliced_pool>, std::unique_ptr<exclusive_pool>>;
+using dynamic_pool =
+    std::variant<std::unique_ptr<sliced_pool>, std::unique_ptr<exclusive_pool>, std::unique_ptr<arena_pool>>;
 
 class memory_manager {
  public:

@@ -96,6 +96,24 @@ struct pool_context {
     ++stats.driver_frees;
     stats.bytes_reserved -= size;
   }
+  /// Maps memory into an address range of the storage and counts it like a page.
+  result<void> map_memory(storage_id range, std::uint64_t offset, std::uint64_t size) {
+    auto r = store.map(range, offset, size);
+    if (r) {
+      ++stats.maps;
+      stats.bytes_reserved += size;
+      if (stats.bytes_reserved > stats.peak_bytes_reserved) stats.peak_bytes_reserved = stats.bytes_reserved;
+    } else if (r.code() == errc::out_of_memory) {
+      ++stats.out_of_memory;
+    }
+    return r;
+  }
+  /// Unmaps memory from an address range (returned after the device's queued work) and counts it.
+  void unmap_memory(storage_id range, std::uint64_t offset, std::uint64_t size) {
+    store.unmap(range, offset, size);
+    ++stats.unmaps;
+    stats.bytes_reserved -= size;
+  }
   void add_in_use(std::uint64_t bytes) {
     stats.bytes_in_use += bytes;
     if (stats.bytes_in_use > stats.peak_bytes_in_use) stats.peak_bytes_in_use = stats.bytes_in_use;

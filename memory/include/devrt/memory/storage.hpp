@@ -59,6 +59,9 @@ struct device_properties {
   std::uint64_t max_page_size = 0;  ///< largest single page the layouts may ask for
   std::uint64_t alignment = 1;      ///< every slice offset and size is a multiple of this
   std::uint64_t capacity = 0;       ///< bytes of memory on the device (0: unknown)
+  /// Unit in which the device maps memory into a reserved address range (0: it cannot; see
+  /// `mapping_backend`).
+  std::uint64_t map_granularity = 0;
 };
 
 /// The contract of a storage backend.
@@ -84,6 +87,27 @@ concept queued_backend = requires(S& s) {
   { s.begin_capture() } -> std::same_as<result<void>>;
   { s.end_capture() } -> std::same_as<result<std::shared_ptr<recorded_work>>>;
   { s.synchronize() } -> std::same_as<result<void>>;
+};
+
+/// Optional capability of a backend that separates addresses from memory (CUDA's virtual memory
+/// management, mmap on the host): a range of addresses is reserved once, and memory is mapped into
+/// it and unmapped from it in units of `properties().map_granularity`.
+///
+/// - `reserve_range(size, unit)`: `size` bytes of addresses with no memory behind them, mapped and
+///   unmapped in whole units of `unit` bytes (a multiple of the granularity; `size` a multiple of
+///   it); the handle's id names the range in the other calls and in views given to `get`.
+/// - `map(range, offset, size)`: puts memory behind `[offset, offset + size)` (whole units, not
+///   mapped yet). Errors: out_of_memory, device_error.
+/// - `unmap(range, offset, size)`: gives that memory back, after the work already queued on the
+///   device (on CUDA, at a flush once the stream reached it). The same bytes may be mapped again
+///   at once.
+/// - `release_range(range)`: unmaps what is left and frees the addresses, after queued work.
+template <class S>
+concept mapping_backend = requires(S& s, std::uint64_t n, storage_id id) {
+  { s.reserve_range(n, n) } -> std::same_as<result<storage_handle>>;
+  { s.map(id, n, n) } -> std::same_as<result<void>>;
+  { s.unmap(id, n, n) } -> std::same_as<void>;
+  { s.release_range(id) } -> std::same_as<void>;
 };
 
 /// Type-erased storage used by the memory manager. Owns the backend.
@@ -119,6 +143,17 @@ class storage {
   /// Waits for the device's queue to drain.
   result<void> synchronize() { return impl_->synchronize(); }
 
+  /// Address ranges and mapping (see `mapping_backend`). Backends without the capability report
+  /// `map_granularity` 0, and these calls fail with `unsupported`.
+  result<storage_handle> reserve_range(std::uint64_t size, std::uint64_t unit) {
+    return impl_->reserve_range(size, unit);
+  }
+  result<void> map(storage_id range, std::uint64_t offset, std::uint64_t size) {
+    return impl_->map(range, offset, size);
+  }
+  void unmap(storage_id range, std::uint64_t offset, std::uint64_t size) { impl_->unmap(range, offset, size); }
+  void release_range(storage_id range) { impl_->release_range(range); }
+
   /// The backend, for callers that know its type (tests, device-specific code).
   template <storage_backend S>
   [[nodiscard]] S* backend() noexcept {
@@ -143,6 +178,10 @@ class storage {
     virtual result<void> begin_capture() = 0;
     virtual result<std::shared_ptr<recorded_work>> end_capture() = 0;
     virtual result<void> synchronize() = 0;
+    virtual result<storage_handle> reserve_range(std::uint64_t size, std::uint64_t unit) = 0;
+    virtual result<void> map(storage_id range, std::uint64_t offset, std::uint64_t size) = 0;
+    virtual void unmap(storage_id range, std::uint64_t offset, std::uint64_t size) = 0;
+    virtual void release_range(storage_id range) = 0;
   };
   template <class S>
   struct model final : concept_t {
@@ -172,6 +211,20 @@ class storage {
     result<void> synchronize() override {
       if constexpr (queued_backend<S>) return backend->synchronize();
       return {};
+    }
+    result<storage_handle> reserve_range(std::uint64_t size, std::uint64_t unit) override {
+      if constexpr (mapping_backend<S>) return backend->reserve_range(size, unit);
+      return error::make(errc::unsupported, "the device cannot reserve address ranges");
+    }
+    result<void> map(storage_id range, std::uint64_t offset, std::uint64_t size) override {
+      if constexpr (mapping_backend<S>) return backend->map(range, offset, size);
+      return error::make(errc::unsupported, "the device cannot map memory");
+    }
+    void unmap(storage_id range, std::uint64_t offset, std::uint64_t size) override {
+      if constexpr (mapping_backend<S>) backend->unmap(range, offset, size);
+    }
+    void release_range(storage_id range) override {
+      if constexpr (mapping_backend<S>) backend->release_range(range);
     }
     std::unique_ptr<S> backend;
   };

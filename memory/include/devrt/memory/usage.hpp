@@ -36,6 +36,8 @@ struct memory_statistics {
   std::uint64_t reserves = 0;         ///< successful reserves
   std::uint64_t driver_allocs = 0;    ///< pages allocated from the storage
   std::uint64_t driver_frees = 0;     ///< pages returned to the storage
+  std::uint64_t maps = 0;             ///< memory mapped into address ranges (calls)
+  std::uint64_t unmaps = 0;           ///< memory unmapped from address ranges (calls)
   std::uint64_t failed_reserves = 0;  ///< reserves that returned an error
   std::uint64_t out_of_memory = 0;    ///< storage allocations refused by the device
   std::uint64_t cleanups = 0;         ///< explicit cleanups run

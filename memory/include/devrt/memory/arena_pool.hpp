@@ -1,0 +1,162 @@
+// Arena pool: one reserved address range, allocations placed best fit, free neighbours merged at
+// once, and memory mapped behind the range only where it is needed.
+//
+// The range is divided into granules (the device's map granularity or a multiple of it). Memory
+// is mapped in mappings, each one physical allocation over a run of granules, because a device
+// unmaps only whole mappings and its calls cost per mapping, not per byte. When a slice needs
+// granules without memory, they are mapped as mappings of the granules the slice covers whole,
+// cut at multiples of the chunk (32 MiB by default), and one of its last granule when the slice
+// ends inside it (a later neighbour may share that one). So a mapping becomes free when the
+// slices that use it are gone, a big allocation costs one driver call per chunk, and a mapping a
+// later slice reuses in part keeps at most a chunk of free memory that cannot be unmapped.
+//
+// A free mapping stays mapped and joins a list, oldest first: a later slice placed there needs
+// no driver call. When a slice needs new memory, as many free mappings elsewhere are unmapped
+// first, oldest first, so the memory held does not grow while free memory sits in holes, and
+// repeated work (a training step, a request) maps nothing once warm. With a `slack`, free
+// mappings beyond it are unmapped as soon as they are freed; an explicit cleanup unmaps them all.
+//
+// Costs: best fit through an intrusive tree (O(log free slices)); per reserve and free, constant
+// work per mapping the slice overlaps (one or two for most slices); granule by granule only where
+// memory is mapped or unmapped, next to a driver call. No scan of the slices, granules or mappings.
+//
+// Owner: the memory manager; every call comes from its owner thread.
+#pragma once
+
+#include <boost/intrusive/set.hpp>
+#include <cstdint>
+#include <deque>
+#include <string>
+#include <vector>
+
+#include "devrt/memory/config.hpp"
+#include "devrt/memory/pool_context.hpp"
+
+namespace devrt::memory {
+
+class arena_pool {
+ public:
+  arena_pool(const pool_options& opts, std::uint64_t alignment, std::uint8_t pool_index);
+  arena_pool(const arena_pool&) = delete;
+  arena_pool& operator=(const arena_pool&) = delete;
+  ~arena_pool();
+
+  [[nodiscard]] bool accept(std::uint64_t size) const noexcept { return size <= max_alloc_; }
+  /// Always nullptr: placing a slice may need mapping, which can fail, so `alloc` does it all.
+  static detail::descriptor* try_reserve(pool_context& /*ctx*/, std::uint64_t /*size*/) noexcept { return nullptr; }
+  /// Reserves the address range on first use, places the slice best fit and maps the granules it
+  /// needs. Errors: out_of_memory (the device refused memory, or no hole of the range is large
+  /// enough), unsupported, device_error. A failure leaves the pool as it was.
+  result<detail::descriptor*> alloc(pool_context& ctx, std::uint64_t size);
+  /// The live slice at `loc` lost its last reference: free it, merge it, release granules.
+  void release(pool_context& ctx, const location& loc);
+  [[nodiscard]] result<slice_view> find(const detail::descriptor* d) const;
+  result<void> bind(pool_context& ctx, detail::descriptor* reserved, detail::descriptor* assigned,
+                    std::uint64_t cursor);
+  /// Nothing periodic: granules are released as they become free.
+  void tick(pool_context& /*ctx*/, std::uint64_t /*reserve_count*/) noexcept {}
+  /// An explicit cleanup unmaps every free granule (the slack included).
+  void cleanup(pool_context& ctx, bool explicit_cleanup);
+  /// Unmaps everything and gives the address range back. Live slices are detached.
+  void release_all(pool_context& ctx);
+
+  [[nodiscard]] memory_usage usage() const noexcept { return usage_; }
+  [[nodiscard]] std::uint64_t bytes_in_use() const noexcept { return usage_.bytes_in_use; }
+  /// 1 once the address range is reserved.
+  [[nodiscard]] std::size_t page_count() const noexcept { return range_ != 0 ? 1 : 0; }
+  [[nodiscard]] const pool_options& options() const noexcept { return opts_; }
+  [[nodiscard]] std::uint64_t granule_size() const noexcept { return granule_; }
+  [[nodiscard]] std::uint64_t mapped_granules() const noexcept { return mapped_; }
+  [[nodiscard]] std::uint64_t free_mapped_granules() const noexcept { return free_mapped_; }
+  [[nodiscard]] std::size_t mapping_count() const noexcept { return mappings_.size() - free_mapping_slots_.size(); }
+  [[nodiscard]] std::string report() const;
+  /// Empty when consistent; otherwise the first violation found.
+  [[nodiscard]] std::string check_invariants() const;
+
+ private:
+  static constexpr std::uint32_t npos = 0xffffffffU;
+  using tree_hook = boost::intrusive::set_base_hook<boost::intrusive::optimize_size<true>>;
+  // A slice of the range. Free slices are in the tree and have no descriptor.
+  struct slice_node : tree_hook {
+    std::uint64_t offset = 0;
+    std::uint64_t extent = 0;
+    std::uint64_t size = 0;
+    std::uint64_t cursor = 0;
+    detail::descriptor* desc = nullptr;
+    std::uint32_t self = 0;
+    std::uint32_t prev = npos;
+    std::uint32_t next = npos;
+    bool free = true;
+    bool in_use_slot = false;
+  };
+  struct by_fit {
+    bool operator()(const slice_node& a, const slice_node& b) const noexcept {
+      if (a.extent != b.extent) return a.extent < b.extent;
+      return a.offset < b.offset;
+    }
+  };
+  struct extent_key {
+    std::uint64_t extent;
+  };
+  struct key_fit {
+    bool operator()(const slice_node& a, const extent_key& k) const noexcept { return a.extent < k.extent; }
+    bool operator()(const extent_key& k, const slice_node& a) const noexcept { return k.extent < a.extent; }
+  };
+  using free_tree = boost::intrusive::multiset<slice_node, boost::intrusive::compare<by_fit>>;
+  // A granule: the mapping that holds its memory.
+  struct granule_state {
+    std::uint32_t mapping = npos;
+  };
+  // A mapping: a run of granules backed by one physical allocation. `used` counts the live slices
+  // that overlap it; a mapping with none is on the free list (oldest first).
+  struct mapping_state {
+    std::uint64_t first = 0;  // granule index
+    std::uint64_t count = 0;  // granules
+    std::uint64_t used = 0;
+    std::uint64_t stamp = 0;  // the map_granules call that made it
+    std::uint32_t older = npos;
+    std::uint32_t newer = npos;
+    bool listed = false;
+    bool in_use_slot = false;
+  };
+
+  result<void> reserve_range(pool_context& ctx);
+  std::uint32_t new_slot();
+  void free_slot(std::uint32_t slot);
+  /// Maps the granules of [first, last] that have no memory, as mappings (see above). On failure
+  /// nothing this call mapped is left.
+  result<void> map_granules(pool_context& ctx, std::uint64_t first, std::uint64_t last, std::uint64_t slice_end,
+                            std::uint64_t size);
+  result<void> map_run(pool_context& ctx, std::uint64_t first, std::uint64_t count);
+  void unmap_mapping(pool_context& ctx, std::uint32_t m);
+  void push_free(std::uint32_t m);
+  void unlink_free(std::uint32_t m);
+  /// Unmaps free mappings, oldest first, until `count` granules were given back or none is left.
+  void evict(pool_context& ctx, std::uint64_t count);
+  /// Unmaps the oldest free mappings until the free ones hold at most `limit` bytes.
+  void trim(pool_context& ctx, std::uint64_t limit);
+  [[nodiscard]] location loc_of(std::uint32_t slot) const noexcept { return location{index_, 0, slot, true}; }
+
+  pool_options opts_;
+  std::uint64_t alignment_;
+  std::uint64_t granule_;
+  std::uint64_t space_;
+  std::uint64_t max_alloc_;
+  std::uint64_t chunk_;  // granules: mappings end at multiples of it
+  std::uint8_t index_;
+  storage_id range_ = 0;
+  std::deque<slice_node> slots_;
+  std::vector<std::uint32_t> free_slots_;
+  free_tree tree_;
+  std::vector<granule_state> granules_;
+  std::vector<mapping_state> mappings_;
+  std::vector<std::uint32_t> free_mapping_slots_;
+  std::uint32_t oldest_free_ = npos;
+  std::uint32_t newest_free_ = npos;
+  std::uint64_t mapped_ = 0;       // granules with memory behind them
+  std::uint64_t free_mapped_ = 0;  // granules of free mappings
+  std::uint64_t map_calls_ = 0;
+  memory_usage usage_;
+};
+
+}  // namespace devrt::memory

@@ -1,0 +1,490 @@
+#include "devrt/memory/arena_pool.hpp"
+
+#include <fmt/format.h>
+#include <algorithm>
+
+namespace devrt::memory {
+
+arena_pool::arena_pool(const pool_options& opts, std::uint64_t alignment, std::uint8_t pool_index)
+    : opts_(opts), alignment_(std::max<std::uint64_t>(alignment, 1)), index_(pool_index) {
+  granule_ = std::max(align_up(std::max<std::uint64_t>(opts.page_size, 1), alignment_), alignment_);
+  space_ = std::max(align_up(opts.max_pool_size.value_or(granule_), granule_), granule_);
+  max_alloc_ = std::min(opts.max_alloc_size == 0 ? no_size_limit : opts.max_alloc_size, space_);
+  chunk_ = std::max<std::uint64_t>(opts.chunk.value_or(granule_) / granule_, 1);
+}
+
+arena_pool::~arena_pool() { tree_.clear(); }
+
+std::uint32_t arena_pool::new_slot() {
+  std::uint32_t slot = 0;
+  if (!free_slots_.empty()) {
+    slot = free_slots_.back();
+    free_slots_.pop_back();
+    slots_[slot] = slice_node{};
+  } else {
+    slot = static_cast<std::uint32_t>(slots_.size());
+    slots_.emplace_back();
+  }
+  slots_[slot].self = slot;
+  slots_[slot].in_use_slot = true;
+  return slot;
+}
+
+void arena_pool::free_slot(std::uint32_t slot) {
+  slots_[slot].in_use_slot = false;
+  slots_[slot].desc = nullptr;
+  free_slots_.push_back(slot);
+}
+
+result<void> arena_pool::reserve_range(pool_context& ctx) {
+  auto r = ctx.store.reserve_range(space_, granule_);
+  if (!r) return std::move(r).err();
+  range_ = r->id;
+  // Granule states grow with the highest address used (see alloc), not with the whole range.
+  granules_.clear();
+  const std::uint32_t slot = new_slot();
+  slots_[slot].offset = 0;
+  slots_[slot].extent = space_;
+  tree_.insert(slots_[slot]);
+  return {};
+}
+
+void arena_pool::push_free(std::uint32_t m) {
+  mapping_state& s = mappings_[m];
+  s.listed = true;
+  s.older = newest_free_;
+  s.newer = npos;
+  if (newest_free_ != npos) {
+    mappings_[newest_free_].newer = m;
+  } else {
+    oldest_free_ = m;
+  }
+  newest_free_ = m;
+  free_mapped_ += s.count;
+}
+
+void arena_pool::unlink_free(std::uint32_t m) {
+  mapping_state& s = mappings_[m];
+  if (s.older != npos) {
+    mappings_[s.older].newer = s.newer;
+  } else {
+    oldest_free_ = s.newer;
+  }
+  if (s.newer != npos) {
+    mappings_[s.newer].older = s.older;
+  } else {
+    newest_free_ = s.older;
+  }
+  s.older = npos;
+  s.newer = npos;
+  s.listed = false;
+  free_mapped_ -= s.count;
+}
+
+void arena_pool::unmap_mapping(pool_context& ctx, std::uint32_t m) {
+  mapping_state& s = mappings_[m];
+  ctx.unmap_memory(range_, s.first * granule_, s.count * granule_);
+  for (std::uint64_t g = s.first; g < s.first + s.count; ++g) granules_[g].mapping = npos;
+  mapped_ -= s.count;
+  usage_.bytes_reserved -= s.count * granule_;
+  s.in_use_slot = false;
+  free_mapping_slots_.push_back(m);
+}
+
+void arena_pool::evict(pool_context& ctx, std::uint64_t count) {
+  while (count > 0 && oldest_free_ != npos) {
+    const std::uint32_t m = oldest_free_;
+    unlink_free(m);
+    count -= std::min(count, mappings_[m].count);
+    unmap_mapping(ctx, m);
+  }
+}
+
+void arena_pool::trim(pool_context& ctx, std::uint64_t limit) {
+  while (oldest_free_ != npos && free_mapped_ * granule_ > limit) {
+    const std::uint32_t m = oldest_free_;
+    unlink_free(m);
+    unmap_mapping(ctx, m);
+  }
+}
+
+result<void> arena_pool::map_run(pool_context& ctx, std::uint64_t first, std::uint64_t count) {
+  auto r = ctx.map_memory(range_, first * granule_, count * granule_);
+  if (!r) return r;
+  std::uint32_t m = 0;
+  if (!free_mapping_slots_.empty()) {
+    m = free_mapping_slots_.back();
+    free_mapping_slots_.pop_back();
+  } else {
+    m = static_cast<std::uint32_t>(mappings_.size());
+    mappings_.emplace_back();
+  }
+  mappings_[m] = mapping_state{first, count, 0, map_calls_, npos, npos, false, true};
+  for (std::uint64_t g = first; g < first + count; ++g) granules_[g].mapping = m;
+  mapped_ += count;
+  usage_.bytes_reserved += count * granule_;
+  return {};
+}
+
+result<void> arena_pool::map_granules(pool_context& ctx, std::uint64_t first, std::uint64_t last,
+                                      std::uint64_t slice_end, std::uint64_t size) {
+  // The last granule gets a mapping of its own when the slice ends inside it: a neighbour placed
+  // after the slice may share it, and must not keep the slice's other granules mapped.
+  const bool shared_tail = slice_end % granule_ != 0;
+  ++map_calls_;
+  std::uint64_t g = first;
+  while (g <= last) {
+    if (granules_[g].mapping != npos) {
+      ++g;
+      continue;
+    }
+    std::uint64_t end = g + 1;
+    while (end <= last && granules_[end].mapping == npos) ++end;
+    result<void> r;
+    const std::uint64_t whole_end = shared_tail && end == last + 1 ? last : end;
+    // Mappings end at multiples of the chunk, so that a mapping a later slice partly reuses holds
+    // at most a chunk of free memory that cannot be unmapped.
+    for (std::uint64_t at = g; r && at < whole_end;) {
+      const std::uint64_t stop = std::min(whole_end, (at / chunk_ + 1) * chunk_);
+      r = map_run(ctx, at, stop - at);
+      at = stop;
+    }
+    if (r && whole_end != end) r = map_run(ctx, last, 1);
+    if (!r) {
+      // Give back what this call mapped: none of it was used.
+      for (std::uint64_t k = first; k <= last; ++k) {
+        const std::uint32_t m = granules_[k].mapping;
+        if (m != npos && mappings_[m].stamp == map_calls_) unmap_mapping(ctx, m);
+      }
+      error e = std::move(r).err();
+      e.size = size;
+      if (e.in_use == 0) e.in_use = usage_.bytes_reserved;
+      return e;
+    }
+    g = end;
+  }
+  return {};
+}
+
+result<detail::descriptor*> arena_pool::alloc(pool_context& ctx, std::uint64_t size) {
+  if (range_ == 0) {
+    if (auto r = reserve_range(ctx); !r) return std::move(r).err();
+  }
+  const std::uint64_t extent = slice_extent(size, alignment_);
+  auto it = tree_.lower_bound(extent_key{extent}, key_fit{});
+  if (it == tree_.end()) {
+    error e = error::make(errc::out_of_memory, "no hole in the arena's address range is large enough");
+    e.size = size;
+    e.limit = space_;
+    e.in_use = usage_.bytes_in_use;
+    return e;
+  }
+  slice_node& s = *it;
+  const std::uint64_t first = s.offset / granule_;
+  const std::uint64_t last = (s.offset + extent - 1) / granule_;
+  if (last >= granules_.size()) {
+    // Past the highest address used so far: grow the granule states (amortized, at most once per
+    // doubling; the steady state allocates nothing).
+    const std::uint64_t total = space_ / granule_;
+    granules_.resize(std::min(total, std::max<std::uint64_t>(last + 1, 2 * granules_.size())));
+  }
+  // Free mappings under the slice leave the free list: they are about to be used, and must not be
+  // the ones unmapped to make room. Count the granules without memory.
+  std::uint64_t missing = 0;
+  for (std::uint64_t g = first; g <= last;) {
+    const std::uint32_t m = granules_[g].mapping;
+    if (m == npos) {
+      ++missing;
+      ++g;
+      continue;
+    }
+    if (mappings_[m].listed) unlink_free(m);
+    g = mappings_[m].first + mappings_[m].count;
+  }
+  // Memory to map: first give back as much free memory elsewhere, oldest first, so the memory held
+  // does not grow while free memory sits in holes.
+  if (missing > 0) {
+    evict(ctx, missing);
+    if (auto r = map_granules(ctx, first, last, s.offset + extent, size); !r) {
+      // The free mappings taken off the list go back on it.
+      for (std::uint64_t g = first; g <= last;) {
+        const std::uint32_t m = granules_[g].mapping;
+        if (m == npos) {
+          ++g;
+          continue;
+        }
+        if (mappings_[m].used == 0 && !mappings_[m].listed) push_free(m);
+        g = mappings_[m].first + mappings_[m].count;
+      }
+      if (opts_.slack) trim(ctx, *opts_.slack);
+      return std::move(r).err();
+    }
+  }
+
+  tree_.erase(tree_.iterator_to(s));
+  if (s.extent > extent) {
+    const std::uint32_t self = s.self;
+    const std::uint32_t r = new_slot();  // may grow the deque: references stay valid
+    slice_node& cur = slots_[self];
+    slice_node& rest = slots_[r];
+    rest.offset = cur.offset + extent;
+    rest.extent = cur.extent - extent;
+    rest.prev = self;
+    rest.next = cur.next;
+    if (cur.next != npos) slots_[cur.next].prev = r;
+    cur.next = r;
+    cur.extent = extent;
+    tree_.insert(rest);
+  }
+  // One more live slice on each mapping under it: one step per mapping, not per granule.
+  for (std::uint64_t g = first; g <= last;) {
+    mapping_state& m = mappings_[granules_[g].mapping];
+    ++m.used;
+    g = m.first + m.count;
+  }
+  s.free = false;
+  s.size = size;
+  s.cursor = 0;
+  s.desc = ctx.attach_new(loc_of(s.self));
+  usage_.number_allocs += 1;
+  usage_.bytes_in_use += size;
+  usage_.bytes_padding += s.extent - size;
+  ctx.add_in_use(size);
+  return s.desc;
+}
+
+void arena_pool::release(pool_context& ctx, const location& loc) {
+  std::uint32_t slot = loc.slice;
+  slice_node* s = &slots_[slot];
+  ctx.detach(s->desc);
+  s->desc = nullptr;
+  s->free = true;
+  usage_.number_allocs -= 1;
+  usage_.bytes_in_use -= s->size;
+  usage_.bytes_padding -= s->extent - s->size;
+  ctx.sub_in_use(s->size);
+  s->size = 0;
+  const std::uint64_t first = s->offset / granule_;
+  const std::uint64_t last = (s->offset + s->extent - 1) / granule_;
+  for (std::uint64_t g = first; g <= last;) {
+    const std::uint32_t m = granules_[g].mapping;
+    if (--mappings_[m].used == 0) push_free(m);
+    g = mappings_[m].first + mappings_[m].count;
+  }
+  if (s->prev != npos && slots_[s->prev].free) {
+    slice_node& p = slots_[s->prev];
+    tree_.erase(tree_.iterator_to(p));
+    p.extent += s->extent;
+    p.next = s->next;
+    if (s->next != npos) slots_[s->next].prev = p.self;
+    free_slot(slot);
+    s = &p;
+    slot = p.self;
+  }
+  if (s->next != npos && slots_[s->next].free) {
+    slice_node& n = slots_[s->next];
+    tree_.erase(tree_.iterator_to(n));
+    s->extent += n.extent;
+    s->next = n.next;
+    if (n.next != npos) slots_[n.next].prev = slot;
+    free_slot(n.self);
+  }
+  tree_.insert(*s);
+  if (opts_.slack) trim(ctx, *opts_.slack);
+}
+
+result<slice_view> arena_pool::find(const detail::descriptor* d) const {
+  const location& loc = d->loc;
+  if (loc.page != 0 || range_ == 0) return error::make(errc::not_found, "the memory page does not exist");
+  if (loc.slice >= slots_.size()) return error::make(errc::not_found, "the memory slice does not exist");
+  const slice_node& s = slots_[loc.slice];
+  if (!s.in_use_slot || s.free || s.desc != d) {
+    return error::make(errc::not_found, "the location points to a different allocation");
+  }
+  return slice_view{storage_handle{range_, s.offset, s.size}, s.extent - s.size, s.cursor};
+}
+
+result<void> arena_pool::bind(pool_context& ctx, detail::descriptor* reserved, detail::descriptor* assigned,
+                              std::uint64_t cursor) {
+  auto view = find(reserved);
+  if (!view) return std::move(view).err();
+  slice_node& s = slots_[reserved->loc.slice];
+  ctx.attach_existing(assigned, reserved->loc);
+  s.desc = assigned;
+  s.cursor = cursor;
+  ctx.detach(reserved);
+  return {};
+}
+
+void arena_pool::cleanup(pool_context& ctx, bool explicit_cleanup) {
+  if (explicit_cleanup) trim(ctx, 0);
+}
+
+void arena_pool::release_all(pool_context& ctx) {
+  tree_.clear();
+  for (auto& s : slots_) {
+    if (s.in_use_slot && !s.free && s.desc != nullptr) {
+      ctx.sub_in_use(s.size);
+      ctx.detach(s.desc);
+      s.desc = nullptr;
+    }
+  }
+  // Unmap every mapping, then give the addresses back.
+  for (std::uint32_t m = 0; m < mappings_.size(); ++m) {
+    if (mappings_[m].in_use_slot)
+      ctx.unmap_memory(range_, mappings_[m].first * granule_, mappings_[m].count * granule_);
+  }
+  if (range_ != 0) ctx.store.release_range(range_);
+  range_ = 0;
+  slots_.clear();
+  free_slots_.clear();
+  granules_.clear();
+  mappings_.clear();
+  free_mapping_slots_.clear();
+  oldest_free_ = newest_free_ = npos;
+  mapped_ = free_mapped_ = 0;
+  usage_ = memory_usage{};
+}
+
+std::string arena_pool::report() const {
+  std::uint64_t largest_hole = 0;
+  if (!tree_.empty()) largest_hole = tree_.rbegin()->extent;
+  std::string out =
+      fmt::format("arena pool {}: granule {}, address space {}, free memory kept {}", index_, format_bytes(granule_),
+                  format_bytes(space_),
+                  opts_.slack ? "up to " + format_bytes(*opts_.slack) : std::string("until needed elsewhere"));
+  if (max_alloc_ < space_) out += fmt::format(", max {}", format_bytes(max_alloc_));
+  out += fmt::format(
+      "; {} live slices, {} in use, {} mapped ({} granules in {} mappings, {} granules free), {} holes, largest {}\n",
+      usage_.number_allocs, format_bytes(usage_.bytes_in_use), format_bytes(usage_.bytes_reserved), mapped_,
+      mapping_count(), free_mapped_, tree_.size(), format_bytes(largest_hole));
+  return out;
+}
+
+std::string arena_pool::check_invariants() const {
+  if (range_ == 0) {
+    if (!slots_.empty() || mapped_ != 0 || !(usage_ == memory_usage{})) {
+      return fmt::format("arena {}: state without an address range", index_);
+    }
+    return {};
+  }
+  memory_usage sum;
+  std::vector<std::uint32_t> live(granules_.size(), 0);
+  std::vector<std::uint64_t> slices_on(mappings_.size(), 0);
+  std::size_t free_count = 0;
+  std::uint64_t expect = 0;
+  std::uint32_t prev = npos;
+  bool prev_free = false;
+  // The first slice is the one without a predecessor; it starts at offset 0.
+  std::uint32_t k = npos;
+  for (std::uint32_t i = 0; i < slots_.size(); ++i) {
+    if (slots_[i].in_use_slot && slots_[i].prev == npos) {
+      if (k != npos) return fmt::format("arena {}: two slices without a predecessor", index_);
+      k = i;
+    }
+  }
+  for (; k != npos; k = slots_[k].next) {
+    const slice_node& s = slots_[k];
+    if (!s.in_use_slot || s.self != k) return fmt::format("arena {}: slot {} is linked but unused", index_, k);
+    if (s.prev != prev) return fmt::format("arena {}: slice {} has a broken back link", index_, k);
+    if (s.offset != expect) {
+      return fmt::format("arena {}: slice {} at offset {} but the previous slice ends at {} (overlap or gap)", index_,
+                         k, s.offset, expect);
+    }
+    if (s.extent == 0 || s.extent % alignment_ != 0) {
+      return fmt::format("arena {}: slice {} has extent {}, not a positive multiple of {}", index_, k, s.extent,
+                         alignment_);
+    }
+    if (s.free) {
+      if (prev_free) return fmt::format("arena {}: two adjacent free slices not merged at {}", index_, s.offset);
+      if (s.desc != nullptr || !s.is_linked()) {
+        return fmt::format("arena {}: free slice {} has a descriptor or is missing from the tree", index_, k);
+      }
+      ++free_count;
+    } else {
+      if (s.is_linked() || s.desc == nullptr) {
+        return fmt::format("arena {}: live slice {} is in the tree or has no descriptor", index_, k);
+      }
+      if ((s.desc->state.load(std::memory_order_acquire) & detail::descriptor::attached_bit) == 0 ||
+          s.desc->loc != location{index_, 0, k, true}) {
+        return fmt::format("arena {}: descriptor of slice {} is detached or points elsewhere", index_, k);
+      }
+      if (s.size > s.extent) return fmt::format("arena {}: slice {} size exceeds its extent", index_, k);
+      // Count the slice once per mapping it overlaps.
+      std::uint32_t last_mapping = npos;
+      for (std::uint64_t g = s.offset / granule_; g <= (s.offset + s.extent - 1) / granule_; ++g) {
+        ++live[g];
+        const std::uint32_t m = g < granules_.size() ? granules_[g].mapping : npos;
+        if (m != npos && m != last_mapping && m < slices_on.size()) ++slices_on[m];
+        last_mapping = m;
+      }
+      sum.number_allocs += 1;
+      sum.bytes_in_use += s.size;
+      sum.bytes_padding += s.extent - s.size;
+    }
+    prev_free = s.free;
+    prev = k;
+    expect += s.extent;
+  }
+  if (expect != space_) return fmt::format("arena {}: slices cover {} of {} bytes", index_, expect, space_);
+  if (free_count != tree_.size()) {
+    return fmt::format("arena {}: {} free slices but {} in the tree", index_, free_count, tree_.size());
+  }
+  for (std::uint64_t g = 0; g < granules_.size(); ++g) {
+    const granule_state& gs = granules_[g];
+    if (live[g] > 0 && gs.mapping == npos) return fmt::format("arena {}: granule {} is used but not mapped", index_, g);
+    if (gs.mapping != npos) {
+      if (gs.mapping >= mappings_.size() || !mappings_[gs.mapping].in_use_slot) {
+        return fmt::format("arena {}: granule {} names a mapping that does not exist", index_, g);
+      }
+      const mapping_state& m = mappings_[gs.mapping];
+      if (g < m.first || g >= m.first + m.count) {
+        return fmt::format("arena {}: granule {} is outside its mapping", index_, g);
+      }
+    }
+  }
+  std::uint64_t mapped = 0;
+  std::uint64_t free_mapped = 0;
+  for (std::uint32_t mi = 0; mi < mappings_.size(); ++mi) {
+    const mapping_state& m = mappings_[mi];
+    if (!m.in_use_slot) continue;
+    for (std::uint64_t g = m.first; g < m.first + m.count; ++g) {
+      if (g >= granules_.size() || granules_[g].mapping != mi) {
+        return fmt::format("arena {}: mapping {} does not own its granule {}", index_, mi, g);
+      }
+    }
+    const std::uint64_t used = slices_on[mi];
+    if (used != m.used)
+      return fmt::format("arena {}: mapping {} counts {} live slices, not {}", index_, mi, m.used, used);
+    if (m.listed != (used == 0)) {
+      return fmt::format("arena {}: mapping {} with {} live slices is {} the free list", index_, mi, used,
+                         m.listed ? "on" : "off");
+    }
+    mapped += m.count;
+    if (m.listed) free_mapped += m.count;
+  }
+  std::uint64_t listed = 0;
+  std::uint32_t before = npos;
+  for (std::uint32_t mi = oldest_free_; mi != npos; mi = mappings_[mi].newer) {
+    if (mappings_[mi].older != before) return fmt::format("arena {}: free mapping list broken at {}", index_, mi);
+    if (!mappings_[mi].listed) return fmt::format("arena {}: mapping {} is linked but not listed", index_, k);
+    listed += mappings_[mi].count;
+    if (listed > mapped) return fmt::format("arena {}: free mapping list has a cycle", index_);
+    before = mi;
+  }
+  if (mapped != mapped_ || free_mapped != free_mapped_ || listed != free_mapped) {
+    return fmt::format("arena {}: {} mapped / {} free granules counted as {} / {} ({} listed)", index_, mapped,
+                       free_mapped, mapped_, free_mapped_, listed);
+  }
+  sum.bytes_reserved = mapped * granule_;
+  if (!(sum == usage_)) {
+    return fmt::format(
+        "arena {}: usage counters ({} allocs, {} in use, {} padding, {} reserved) differ from the slices ({}, {}, {}, "
+        "{})",
+        index_, usage_.number_allocs, usage_.bytes_in_use, usage_.bytes_padding, usage_.bytes_reserved,
+        sum.number_allocs, sum.bytes_in_use, sum.bytes_padding, sum.bytes_reserved);
+  }
+  return {};
+}
+
+}  // namespace devrt::memory
