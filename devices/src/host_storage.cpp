@@ -117,25 +117,36 @@ result<memory::storage_handle> host_storage::reserve_range(std::uint64_t size, s
     return e;
   }
   const memory::storage_id id = next_id_++;
-  pages_.emplace(id, page{m, size, true, true, 0});
+  pages_.emplace(id, page{m, size, true, true, 0, unit, std::vector<std::uint64_t>(size / unit, 0),
+                          std::vector<std::uint8_t>(size / unit, 0)});
   return memory::storage_handle{id, 0, size};
 }
 
 host_storage::page* host_storage::find_range(memory::storage_id id, std::uint64_t offset, std::uint64_t size) {
   auto it = pages_.find(id);
   if (it == pages_.end() || !it->second.range) return nullptr;
-  const std::uint64_t g = opts_.map_granularity;
   page& p = it->second;
-  if (size == 0 || offset % g != 0 || size % g != 0 || offset > p.size || size > p.size - offset) return nullptr;
+  const std::uint64_t u = p.unit;
+  if (size == 0 || offset % u != 0 || size % u != 0 || offset > p.size || size > p.size - offset) return nullptr;
   return &p;
 }
 
 result<void> host_storage::map(memory::storage_id range, std::uint64_t offset, std::uint64_t size) {
+  if (auto it = pages_.find(range); it == pages_.end() || !it->second.range) {
+    return error::make(errc::not_found, "the host address range does not exist");
+  }
   page* p = find_range(range, offset, size);
   if (p == nullptr) {
-    error e = error::make(errc::invalid_argument, "not whole granules inside a reserved host address range");
+    error e = error::make(errc::invalid_argument, "not whole units inside a reserved host address range");
     e.size = offset + size;
     return e;
+  }
+  for (std::uint64_t k = offset / p->unit; k < (offset + size) / p->unit; ++k) {
+    if (p->unit_mapped[k] != 0) {
+      error e = error::make(errc::invalid_argument, "the memory is mapped already");
+      e.size = k * p->unit;
+      return e;
+    }
   }
   auto refuse = [&](const char* why) {
     error e = error::make(errc::out_of_memory, why);
@@ -150,6 +161,8 @@ result<void> host_storage::map(memory::storage_id range, std::uint64_t offset, s
   if (::mprotect(static_cast<std::byte*>(p->ptr) + offset, size, PROT_READ | PROT_WRITE) != 0) {
     return refuse("mprotect refused access to the range");
   }
+  for (std::uint64_t k = offset / p->unit; k < (offset + size) / p->unit; ++k) p->unit_mapped[k] = 1;
+  p->length[offset / p->unit] = size / p->unit;
   p->range_mapped += size;
   allocated_ += size;
   return {};
@@ -157,7 +170,9 @@ result<void> host_storage::map(memory::storage_id range, std::uint64_t offset, s
 
 void host_storage::unmap(memory::storage_id range, std::uint64_t offset, std::uint64_t size) {
   page* p = find_range(range, offset, size);
-  if (p == nullptr) return;
+  if (p == nullptr || p->length[offset / p->unit] * p->unit != size) return;  // not one earlier mapping
+  p->length[offset / p->unit] = 0;
+  for (std::uint64_t k = offset / p->unit; k < (offset + size) / p->unit; ++k) p->unit_mapped[k] = 0;
   void* at = static_cast<std::byte*>(p->ptr) + offset;
   // The pages go back to the kernel; mapping them again gives zero-filled memory.
   ::madvise(at, size, MADV_DONTNEED);

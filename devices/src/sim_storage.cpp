@@ -50,13 +50,13 @@ result<void> sim_storage::flush() {
   }
   for (const memory::storage_id id : pending_) {
     if (auto r = ranges_.find(id); r != ranges_.end()) {
-      for (auto& st : r->second.granules) {
+      for (auto& st : r->second.mapped) {
         if (st == 0) continue;
         st = 0;
-        mapped_ -= opts_.props.map_granularity;
-        allocated_ -= opts_.props.map_granularity;
-        ++frees_;
+        mapped_ -= r->second.unit;
+        allocated_ -= r->second.unit;
       }
+      ++frees_;
       if (last_range_ == &r->second) last_range_ = nullptr;
       ranges_.erase(r);
       continue;
@@ -79,10 +79,10 @@ result<memory::resource> sim_storage::get(const memory::storage_handle& h) {
       e.limit = r->second.size;
       return e;
     }
-    const std::uint64_t g = opts_.props.map_granularity;
-    const std::uint64_t last = h.size == 0 ? h.offset / g : (h.offset + h.size - 1) / g;
-    for (std::uint64_t k = h.offset / g; k <= last && k < r->second.granules.size(); ++k) {
-      if (r->second.granules[k] == 0) return error::make(errc::invalid_argument, "the view is not mapped");
+    const std::uint64_t u = r->second.unit;
+    const std::uint64_t last = h.size == 0 ? h.offset / u : (h.offset + h.size - 1) / u;
+    for (std::uint64_t k = h.offset / u; k <= last && k < r->second.mapped.size(); ++k) {
+      if (r->second.mapped[k] == 0) return error::make(errc::invalid_argument, "the view is not mapped");
     }
     return memory::resource{nullptr, h.size, h};
   }
@@ -120,14 +120,15 @@ result<memory::storage_handle> sim_storage::reserve_range(std::uint64_t size, st
     return e;
   }
   const memory::storage_id id = next_id_++;
-  ranges_.emplace(id, range{size, std::vector<std::uint8_t>(size / g, 0)});
+  ranges_.emplace(
+      id, range{size, unit, std::vector<std::uint8_t>(size / unit, 0), std::vector<std::uint64_t>(size / unit, 0)});
   return memory::storage_handle{id, 0, size};
 }
 
 result<void> sim_storage::check_granules(const range& r, std::uint64_t offset, std::uint64_t size) const {
-  const std::uint64_t g = opts_.props.map_granularity;
-  if (size == 0 || offset % g != 0 || size % g != 0 || offset > r.size || size > r.size - offset) {
-    error e = error::make(errc::invalid_argument, "the mapping is not whole granules inside the range");
+  const std::uint64_t u = r.unit;
+  if (size == 0 || offset % u != 0 || size % u != 0 || offset > r.size || size > r.size - offset) {
+    error e = error::make(errc::invalid_argument, "the mapping is not whole units inside the range");
     e.size = offset + size;
     e.limit = r.size;
     return e;
@@ -139,7 +140,14 @@ result<void> sim_storage::map(memory::storage_id id, std::uint64_t offset, std::
   range* rg = find_range(id);
   if (rg == nullptr) return error::make(errc::not_found, "the simulated address range does not exist");
   if (auto c = check_granules(*rg, offset, size); !c) return c;
-  const std::uint64_t g = opts_.props.map_granularity;
+  const std::uint64_t u = rg->unit;
+  for (std::uint64_t k = offset / u; k < (offset + size) / u; ++k) {
+    if (rg->mapped[k] != 0) {
+      error e = error::make(errc::invalid_argument, "the memory is mapped already");
+      e.size = k * u;
+      return e;
+    }
+  }
   const std::uint64_t fresh = size;
   ++alloc_calls_;
   auto refuse = [&](const char* why) {
@@ -155,13 +163,8 @@ result<void> sim_storage::map(memory::storage_id id, std::uint64_t offset, std::
   }
   const std::uint64_t cap = opts_.props.capacity;
   if (cap != 0 && (allocated_ > cap || fresh > cap - allocated_)) return refuse("simulated device capacity reached");
-  for (std::uint64_t k = offset / g; k < (offset + size) / g; ++k) {
-    if (rg->granules[k] != 0) {
-      for (std::uint64_t u = offset / g; u < k; ++u) rg->granules[u] = 0;
-      return error::make(errc::invalid_argument, "the granule is mapped already");
-    }
-    rg->granules[k] = 1;
-  }
+  for (std::uint64_t k = offset / u; k < (offset + size) / u; ++k) rg->mapped[k] = 1;
+  rg->length[offset / u] = size / u;
   mapped_ += fresh;
   allocated_ += fresh;
   peak_ = std::max(peak_, allocated_);
@@ -175,16 +178,15 @@ void sim_storage::unmap(memory::storage_id id, std::uint64_t offset, std::uint64
     ++misuses_;
     return;
   }
-  const std::uint64_t g = opts_.props.map_granularity;
-  for (std::uint64_t k = offset / g; k < (offset + size) / g; ++k) {
-    if (rg->granules[k] != 1) {
-      ++misuses_;
-      continue;
-    }
-    rg->granules[k] = 0;
-    mapped_ -= g;
-    allocated_ -= g;
+  const std::uint64_t u = rg->unit;
+  if (rg->length[offset / u] * u != size) {
+    ++misuses_;  // not exactly what one map call mapped
+    return;
   }
+  rg->length[offset / u] = 0;
+  for (std::uint64_t k = offset / u; k < (offset + size) / u; ++k) rg->mapped[k] = 0;
+  mapped_ -= size;
+  allocated_ -= size;
   ++frees_;
 }
 

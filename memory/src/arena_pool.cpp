@@ -173,7 +173,7 @@ result<detail::descriptor*> arena_pool::alloc(pool_context& ctx, std::uint64_t s
   const std::uint64_t extent = slice_extent(size, alignment_);
   auto it = tree_.lower_bound(extent_key{extent}, key_fit{});
   if (it == tree_.end()) {
-    error e = error::make(errc::out_of_memory, "no hole in the arena's address range is large enough");
+    error e = error::make(errc::pool_capacity_exceeded, "no hole in the arena's address range is large enough");
     e.size = size;
     e.limit = space_;
     e.in_use = usage_.bytes_in_use;

@@ -4,6 +4,8 @@
 #include <algorithm>
 #include <cctype>
 #include <cmath>
+#include <initializer_list>
+#include <optional>
 
 #include "devrt/memory/pool_context.hpp"
 
@@ -20,6 +22,26 @@ error layout_error(errc c, std::size_t pool, const char* detail = "") {
   error e = error::make(c, detail);
   e.text = fmt::format("pool {}", pool);
   return e;
+}
+
+// Sizes of a layout are at most 2^62 bytes, so that aligning them can never wrap around.
+constexpr std::uint64_t max_layout_size = std::uint64_t{1} << 62;
+
+error size_too_large(std::size_t pool, const char* field, std::uint64_t value) {
+  error e = error::make(errc::malformed_size, "a size in a layout is at most 2^62 bytes");
+  e.text = fmt::format("pool {}: {} = {}", pool, field, value);
+  e.size = value;
+  e.limit = max_layout_size;
+  return e;
+}
+
+// The first size of `fields` above max_layout_size, as an error.
+std::optional<error> check_sizes(std::size_t pool,
+                                 std::initializer_list<std::pair<const char*, std::optional<std::uint64_t>>> fields) {
+  for (const auto& [name, v] : fields) {
+    if (v && *v > max_layout_size) return size_too_large(pool, name, *v);
+  }
+  return std::nullopt;
 }
 
 std::string_view trim(std::string_view s) {
@@ -185,6 +207,7 @@ result<std::vector<pool_options>> resolve_layout(const memory_layout& layout, co
   out.reserve(list.size());
   for (std::size_t i = 0; i < list.size(); ++i) {
     if (const auto* x = std::get_if<exclusive_pool_config>(&list[i])) {
+      if (auto e = check_sizes(i, {{"max_alloc_size", x->max_alloc_size}})) return std::move(*e);
       if (x->dealloc_period && *x->dealloc_period == 0) return layout_error(errc::zero_size, i, "dealloc_period");
       out.push_back(
           pool_options{pool_kind::exclusive, 0, align_up(x->max_alloc_size, align), std::nullopt, x->dealloc_period});
@@ -192,6 +215,13 @@ result<std::vector<pool_options>> resolve_layout(const memory_layout& layout, co
     }
     if (const auto* a = std::get_if<arena_pool_config>(&list[i])) {
       if (props.map_granularity == 0) return layout_error(errc::mapping_unsupported, i);
+      if (auto e = check_sizes(i, {{"granule", a->granule},
+                                   {"max_alloc_size", a->max_alloc_size},
+                                   {"address_space", a->address_space},
+                                   {"chunk", a->chunk},
+                                   {"slack", a->slack}})) {
+        return std::move(*e);
+      }
       if (a->granule && *a->granule == 0) return layout_error(errc::zero_size, i, "granule");
       if (a->max_alloc_size && *a->max_alloc_size == 0) return layout_error(errc::zero_size, i, "max_alloc_size");
       if (a->address_space && *a->address_space == 0) return layout_error(errc::zero_size, i, "address_space");
@@ -213,6 +243,11 @@ result<std::vector<pool_options>> resolve_layout(const memory_layout& layout, co
       continue;
     }
     const auto& s = std::get<sliced_pool_config>(list[i]);
+    if (auto e = check_sizes(
+            i,
+            {{"page_size", s.page_size}, {"max_slice_size", s.max_slice_size}, {"max_pool_size", s.max_pool_size}})) {
+      return std::move(*e);
+    }
     if (s.page_size == 0) return layout_error(errc::zero_size, i, "page_size");
     const std::uint64_t page = align_up(s.page_size, align);
     if (s.max_slice_size && *s.max_slice_size == 0) return layout_error(errc::zero_size, i, "max_slice_size");

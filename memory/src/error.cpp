@@ -56,8 +56,8 @@ std::string error::message() const {
     case errc::pool_capacity_exceeded:
       return fmt::format(
           "pool capacity exceeded: failed to reserve {} bytes, the pool is capped at {} bytes with {} "
-          "bytes in use; free memory and retry, or raise max_pool_size",
-          size, limit, in_use);
+          "bytes in use{}; free memory and retry, or raise the cap (a sliced pool's cap, an arena's space)",
+          size, limit, in_use, detail[0] != '\0' ? fmt::format(" [{}]", detail) : std::string());
     case errc::out_of_memory:
       return fmt::format(
           "out of device memory: the device refused {} bytes{} ({} bytes held by devrt, device "

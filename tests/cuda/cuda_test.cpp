@@ -99,15 +99,20 @@ TEST(CudaStorage, AddressRangesMapAndUnmapInStreamOrder) {
   auto range = s.reserve_range(64 * g, 2 * g);
   ASSERT_TRUE(range) << range.err().message();
   EXPECT_EQ(s.map(range->id, g, 2 * g).code(), errc::invalid_argument);  // not whole units
-  ASSERT_TRUE(s.map(range->id, 0, 4 * g));
+  // Two mappings, each one physical allocation.
+  ASSERT_TRUE(s.map(range->id, 0, 2 * g));
+  ASSERT_TRUE(s.map(range->id, 2 * g, 2 * g));
   EXPECT_EQ(s.mapped_bytes(), 4 * g);
   EXPECT_EQ(s.map(range->id, 2 * g, 2 * g).code(), errc::invalid_argument);  // mapped already
   const auto data = bytes_of(3 * g, 7);
-  const memory::storage_handle view{range->id, 512, 3 * g};
+  const memory::storage_handle view{range->id, 512, 3 * g};  // spans both mappings
   ASSERT_TRUE(s.write(view, data.data()));
   std::vector<std::byte> back(3 * g);
   ASSERT_TRUE(s.read(view, back.data()));
   EXPECT_EQ(std::memcmp(back.data(), data.data(), back.size()), 0);
+  // Only a whole mapping is unmapped; a part of one is ignored.
+  s.unmap(range->id, 0, 4 * g);
+  EXPECT_EQ(s.pending_deallocations(), 0u);
   // An unmap waits for the stream: the memory stays until a flush after the queued work.
   s.unmap(range->id, 2 * g, 2 * g);
   EXPECT_EQ(s.mapped_bytes(), 4 * g);
@@ -116,14 +121,19 @@ TEST(CudaStorage, AddressRangesMapAndUnmapInStreamOrder) {
   ASSERT_TRUE(s.flush());
   ASSERT_TRUE(s.flush());  // completes the batch whose event has passed
   EXPECT_EQ(s.mapped_bytes(), 2 * g);
-  // Mapping again before the unmap happened keeps the memory; after it, new memory is created.
+  // Mapping the same again before the unmap happened keeps the memory and its data.
   s.unmap(range->id, 0, 2 * g);
   ASSERT_TRUE(s.map(range->id, 0, 2 * g));
   EXPECT_EQ(s.mapped_bytes(), 2 * g);
   ASSERT_TRUE(s.read(memory::storage_handle{range->id, 512, 1024}, back.data()));
   EXPECT_EQ(std::memcmp(back.data(), data.data(), 1024), 0) << "memory whose unmap was cancelled lost its data";
-  ASSERT_TRUE(s.map(range->id, 2 * g, 2 * g));
+  // Mapping other bounds over addresses whose unmap is pending waits for the unmap, then maps.
+  s.unmap(range->id, 0, 2 * g);
+  ASSERT_TRUE(s.map(range->id, 0, 4 * g));
   EXPECT_EQ(s.mapped_bytes(), 4 * g);
+  ASSERT_TRUE(s.write(view, data.data()));
+  ASSERT_TRUE(s.read(view, back.data()));
+  EXPECT_EQ(std::memcmp(back.data(), data.data(), back.size()), 0);
   s.release_range(range->id);
   EXPECT_EQ(s.mapped_bytes(), 0u);
   EXPECT_EQ(s.get(*range).code(), errc::not_found);

@@ -206,6 +206,7 @@ class harness {
         // out-of-memory error.
         largest_ = std::max(largest_, std::min(o.max_alloc_size, *o.max_pool_size));
         arena_ = true;
+        capped_ = true;  // a full address space is pool_capacity_exceeded
         continue;
       }
       largest_ =
@@ -259,7 +260,8 @@ class harness {
       arena_pool_config a;
       const std::uint64_t granule = granularity * uniform(1, 3);
       if (chance(0.5)) a.granule = granule;
-      const std::uint64_t space = granule * uniform(std::max<std::uint64_t>(8, 2 * last / granule + 2), 256);
+      const std::uint64_t fewest = std::max<std::uint64_t>(8, 2 * last / granule + 2);
+      const std::uint64_t space = granule * uniform(fewest, std::max<std::uint64_t>(fewest, 256));
       a.address_space = space;
       if (chance(0.3)) a.max_alloc_size = std::max(last, uniform(1, space / 2));
       if (chance(0.5)) a.slack = uniform(0, 6) * granularity;
@@ -401,10 +403,6 @@ class harness {
     }
     if (c == errc::pool_capacity_exceeded && capped_) {
       counts_.add("reserve pool_capacity_exceeded");
-      return {};
-    }
-    if (c == errc::out_of_memory && arena_) {
-      counts_.add("reserve arena full");
       return {};
     }
     return fmt::format("reserve({}) failed with {} ({}); largest pool {}, layout {}", size, devrt::to_string(c),

@@ -53,9 +53,10 @@ class host_storage {
   /// (not a granule multiple), out_of_memory (the system refused the addresses).
   result<memory::storage_handle> reserve_range(std::uint64_t size, std::uint64_t unit);
   /// Grants access to zero-filled memory. Errors: out_of_memory (capacity, or the system refused),
-  /// not_found, invalid_argument (not whole granules inside the range).
+  /// not_found, invalid_argument (not whole units inside the range, or mapped already).
   result<void> map(memory::storage_id range, std::uint64_t offset, std::uint64_t size);
-  /// Returns the pages to the kernel and removes access.
+  /// Returns the pages to the kernel and removes access: exactly what one map call mapped, else
+  /// nothing.
   void unmap(memory::storage_id range, std::uint64_t offset, std::uint64_t size);
   /// Frees the addresses at the next flush.
   void release_range(memory::storage_id range);
@@ -70,6 +71,11 @@ class host_storage {
     bool mapped;  // from mmap rather than the heap
     bool range = false;
     std::uint64_t range_mapped = 0;  // bytes of a range with memory behind them
+    std::uint64_t unit = 0;          // a range is mapped in whole units
+    // Per unit of a range: at the first unit of each mapping its length in units, so that an unmap
+    // is checked against exactly one earlier map; every unit of a mapping is marked in `unit_mapped`.
+    std::vector<std::uint64_t> length;
+    std::vector<std::uint8_t> unit_mapped;
   };
   page* find_range(memory::storage_id id, std::uint64_t offset, std::uint64_t size);
   void release(const page& p) noexcept;

@@ -49,9 +49,10 @@ class sim_storage {
   /// multiple of it.
   result<memory::storage_handle> reserve_range(std::uint64_t size, std::uint64_t unit);
   /// Counts like an allocation (capacity, injected failures). Errors: out_of_memory, not_found,
-  /// invalid_argument (not granule multiples, outside the range, or already mapped).
+  /// invalid_argument (not whole units of the range, outside it, or already mapped).
   result<void> map(memory::storage_id range, std::uint64_t offset, std::uint64_t size);
-  /// Takes effect at once; misuse (unmapping what is not mapped) is counted, see misuses().
+  /// Takes effect at once. Only what one map call mapped, whole; anything else is a misuse, counted
+  /// (see misuses()) and ignored.
   void unmap(memory::storage_id range, std::uint64_t offset, std::uint64_t size);
   void release_range(memory::storage_id range);
 
@@ -75,10 +76,13 @@ class sim_storage {
 
  private:
   sim_options opts_;
-  // Granule states of a range: 0 unmapped, 1 mapped.
+  // A range in units: whether each is mapped, and at the first unit of each mapping its length,
+  // so that an unmap is checked against exactly one earlier map.
   struct range {
     std::uint64_t size = 0;
-    std::vector<std::uint8_t> granules;
+    std::uint64_t unit = 0;
+    std::vector<std::uint8_t> mapped;
+    std::vector<std::uint64_t> length;
   };
   result<void> check_granules(const range& r, std::uint64_t offset, std::uint64_t size) const;
   range* find_range(memory::storage_id id);

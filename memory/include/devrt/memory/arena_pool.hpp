@@ -45,8 +45,9 @@ class arena_pool {
   /// Always nullptr: placing a slice may need mapping, which can fail, so `alloc` does it all.
   static detail::descriptor* try_reserve(pool_context& /*ctx*/, std::uint64_t /*size*/) noexcept { return nullptr; }
   /// Reserves the address range on first use, places the slice best fit and maps the granules it
-  /// needs. Errors: out_of_memory (the device refused memory, or no hole of the range is large
-  /// enough), unsupported, device_error. A failure leaves the pool as it was.
+  /// needs. Errors: out_of_memory (the device refused memory), pool_capacity_exceeded (no hole of
+  /// the address range is large enough), unsupported, device_error. After a failure the pool and
+  /// the device agree and no live slice changed; free mappings unmapped to make room stay unmapped.
   result<detail::descriptor*> alloc(pool_context& ctx, std::uint64_t size);
   /// The live slice at `loc` lost its last reference: free it, merge it, release granules.
   void release(pool_context& ctx, const location& loc);
