@@ -499,3 +499,27 @@ TEST_F(Client, CheckInvariantsHoldsAfterMixedWork) {
 }
 
 }  // namespace
+
+namespace {
+
+// Without a layout in the options, a device that maps memory gets an arena: memory is mapped under
+// live allocations only, and given back when it is freed and cleaned up.
+TEST(DefaultLayout, TheHostGetsAnArena) {
+  devrt::runtime::runtime_options o;
+  o.use_environment = false;
+  o.use_cuda = false;
+  devrt::runtime::runtime rt(o);
+  auto c = rt.host();
+  EXPECT_NE(c.report().get().find("arena pool 0"), std::string::npos) << c.report().get();
+  {
+    memory_handle h = c.reserve(3 << 20).get();
+    const auto s = c.statistics().get();
+    EXPECT_GE(s.maps, 1u);
+    EXPECT_EQ(s.driver_allocs, 0u);
+    EXPECT_EQ(s.bytes_reserved, 4u << 20) << "two 2 MiB granules under a 3 MiB allocation";
+  }
+  c.cleanup().get();
+  EXPECT_EQ(c.statistics().get().bytes_reserved, 0u);
+}
+
+}  // namespace

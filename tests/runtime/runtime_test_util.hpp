@@ -21,6 +21,10 @@ inline devrt::runtime::runtime_options quiet_options() {
   devrt::runtime::runtime_options o;
   o.use_environment = false;
   o.use_cuda = false;
+  // The runtime tests count pages and rely on the largest sliced page (1 GiB on the host): they
+  // use the sub-slices layout rather than the default arena.
+  o.host_layout = devrt::memory::preset::sub_slices;
+  o.sim_layout = devrt::memory::preset::sub_slices;
   return o;
 }
 

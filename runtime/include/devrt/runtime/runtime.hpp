@@ -27,13 +27,13 @@ namespace devrt::runtime {
 
 struct runtime_options {
   devices::host_options host;
-  memory::memory_layout host_layout = memory::preset::sub_slices;
+  memory::memory_layout host_layout = memory::preset::automatic;
   /// Adds a simulated device (index 0 of kind sim) with these options.
   std::optional<devices::sim_options> sim;
-  memory::memory_layout sim_layout = memory::preset::sub_slices;
+  memory::memory_layout sim_layout = memory::preset::automatic;
   /// Gives every CUDA device found an actor (when devrt is built with CUDA).
   bool use_cuda = true;
-  memory::memory_layout cuda_layout = memory::preset::sub_slices;
+  memory::memory_layout cuda_layout = memory::preset::automatic;
   /// Config file; by default DEVRT_CONFIG names it, if set.
   std::optional<std::string> config_file;
   /// Read DEVRT_* environment variables.
