@@ -7,7 +7,7 @@ function(devrt_set_warnings target)
   # Sanitizer presets build with warnings as warnings: GCC 12 reports false positives
   # (maybe-uninitialized, array-bounds) in the standard library under the sanitizers. The debug and
   # release presets keep -Werror.
-  if(DEVRT_SANITIZE)
+  if(DEVRT_SANITIZE AND CMAKE_CXX_COMPILER_ID STREQUAL "GNU")
     target_compile_options(${target} PRIVATE -Wno-maybe-uninitialized -Wno-array-bounds)
   endif()
   if("thread" IN_LIST DEVRT_SANITIZE)

@@ -2,7 +2,8 @@
 # Installs what devrt needs to build and test, from Debian's packages, when it is missing.
 set -euo pipefail
 packages=(cmake ninja-build g++ libboost1.81-dev libboost-container1.81-dev libspdlog-dev libfmt-dev
-          libgtest-dev libbenchmark-dev zlib1g-dev gnuplot-nox)
+          libgtest-dev libbenchmark-dev zlib1g-dev gnuplot-nox
+          clang libclang-rt-14-dev)  # the fuzz targets: clang++ and its libFuzzer runtime
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
