@@ -307,7 +307,9 @@ TEST(InspectCheck, ValidLayoutWarnsAboutShadowedPoolsAndGaps) {
 TEST(InspectLayout, H200SubSlices) {
   const run_output o = run({"--device", "sim", "--h200", "--layout", "sub-slices"});
   ASSERT_EQ(o.code, 0) << o.err;
-  EXPECT_TRUE(contains(o.out, "device   sim-h200 (sim): pages up to 34.95 GiB, alignment 512 B, capacity 139.80 GiB, maps memory in 2 MiB\n"))
+  EXPECT_TRUE(contains(
+      o.out,
+      "device   sim-h200 (sim): pages up to 34.95 GiB, alignment 512 B, capacity 139.80 GiB, maps memory in 2 MiB\n"))
       << o.out;
   EXPECT_TRUE(contains(o.out, "layout   sub-slices (preset): 8 pools, in routing order")) << o.out;
   EXPECT_TRUE(contains(o.out, "pool  kind       page        max slice/alloc  cap  period  serves requests of\n"))
