@@ -1,6 +1,13 @@
 #include "devrt/devices/sim_storage.hpp"
 
+#include <iterator>
+
 namespace devrt::devices {
+
+namespace {
+// More addresses than any device has: 2^48 bytes.
+constexpr std::uint64_t max_range_size = std::uint64_t{1} << 48;
+}  // namespace
 
 sim_options sim_options::h200() {
   sim_options o;
@@ -50,11 +57,9 @@ result<void> sim_storage::flush() {
   }
   for (const memory::storage_id id : pending_) {
     if (auto r = ranges_.find(id); r != ranges_.end()) {
-      for (auto& st : r->second.mapped) {
-        if (st == 0) continue;
-        st = 0;
-        mapped_ -= r->second.unit;
-        allocated_ -= r->second.unit;
+      for (const auto& [first, length] : r->second.mappings) {
+        mapped_ -= length * r->second.unit;
+        allocated_ -= length * r->second.unit;
       }
       ++frees_;
       if (last_range_ == &r->second) last_range_ = nullptr;
@@ -79,10 +84,19 @@ result<memory::resource> sim_storage::get(const memory::storage_handle& h) {
       e.limit = r->second.size;
       return e;
     }
+    // Every unit of the view is inside a mapping: walk the mappings from the one holding its start.
     const std::uint64_t u = r->second.unit;
     const std::uint64_t last = h.size == 0 ? h.offset / u : (h.offset + h.size - 1) / u;
-    for (std::uint64_t k = h.offset / u; k <= last && k < r->second.mapped.size(); ++k) {
-      if (r->second.mapped[k] == 0) return error::make(errc::invalid_argument, "the view is not mapped");
+    std::uint64_t k = h.offset / u;
+    auto it = r->second.mappings.upper_bound(k);
+    if (it == r->second.mappings.begin()) return error::make(errc::invalid_argument, "the view is not mapped");
+    --it;
+    while (k <= last) {
+      if (it == r->second.mappings.end() || it->first > k || it->first + it->second <= k) {
+        return error::make(errc::invalid_argument, "the view is not mapped");
+      }
+      k = it->first + it->second;
+      ++it;
     }
     return memory::resource{nullptr, h.size, h};
   }
@@ -119,9 +133,14 @@ result<memory::storage_handle> sim_storage::reserve_range(std::uint64_t size, st
     e.limit = unit;
     return e;
   }
+  if (size > max_range_size) {
+    error e = error::make(errc::out_of_memory, "more addresses than the simulated device has");
+    e.size = size;
+    e.limit = max_range_size;
+    return e;
+  }
   const memory::storage_id id = next_id_++;
-  ranges_.emplace(
-      id, range{size, unit, std::vector<std::uint8_t>(size / unit, 0), std::vector<std::uint64_t>(size / unit, 0)});
+  ranges_.emplace(id, range{size, unit, {}});
   return memory::storage_handle{id, 0, size};
 }
 
@@ -141,10 +160,16 @@ result<void> sim_storage::map(memory::storage_id id, std::uint64_t offset, std::
   if (rg == nullptr) return error::make(errc::not_found, "the simulated address range does not exist");
   if (auto c = check_granules(*rg, offset, size); !c) return c;
   const std::uint64_t u = rg->unit;
-  for (std::uint64_t k = offset / u; k < (offset + size) / u; ++k) {
-    if (rg->mapped[k] != 0) {
+  {
+    // Overlap with the mapping before (it would end past the start) or after (it would start
+    // before the end).
+    const std::uint64_t first = offset / u;
+    const std::uint64_t end = (offset + size) / u;
+    auto next = rg->mappings.lower_bound(first);
+    const bool before = next != rg->mappings.begin() && std::prev(next)->first + std::prev(next)->second > first;
+    if (before || (next != rg->mappings.end() && next->first < end)) {
       error e = error::make(errc::invalid_argument, "the memory is mapped already");
-      e.size = k * u;
+      e.size = offset;
       return e;
     }
   }
@@ -163,8 +188,7 @@ result<void> sim_storage::map(memory::storage_id id, std::uint64_t offset, std::
   }
   const std::uint64_t cap = opts_.props.capacity;
   if (cap != 0 && (allocated_ > cap || fresh > cap - allocated_)) return refuse("simulated device capacity reached");
-  for (std::uint64_t k = offset / u; k < (offset + size) / u; ++k) rg->mapped[k] = 1;
-  rg->length[offset / u] = size / u;
+  rg->mappings.emplace(offset / u, size / u);
   mapped_ += fresh;
   allocated_ += fresh;
   peak_ = std::max(peak_, allocated_);
@@ -179,12 +203,12 @@ void sim_storage::unmap(memory::storage_id id, std::uint64_t offset, std::uint64
     return;
   }
   const std::uint64_t u = rg->unit;
-  if (rg->length[offset / u] * u != size) {
+  auto it = rg->mappings.find(offset / u);
+  if (it == rg->mappings.end() || it->second * u != size) {
     ++misuses_;  // not exactly what one map call mapped
     return;
   }
-  rg->length[offset / u] = 0;
-  for (std::uint64_t k = offset / u; k < (offset + size) / u; ++k) rg->mapped[k] = 0;
+  rg->mappings.erase(it);
   mapped_ -= size;
   allocated_ -= size;
   ++frees_;

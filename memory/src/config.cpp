@@ -305,18 +305,22 @@ result<std::uint64_t> parse_size(std::string_view text) {
     if (!text.empty() && text[0] == '-') return fail("a size cannot be negative");
     return fail("it does not start with a number");
   }
-  long double fraction = 0;
+  // The fraction as an exact decimal, fraction / denominator, of its first 18 digits. Later digits
+  // add less than 10^-18 of the unit (under 2^-19 bytes even for TiB): the floor below can differ
+  // only for a fraction that close above a whole byte.
+  std::uint64_t fraction = 0;
+  std::uint64_t denominator = 1;
   bool has_fraction = false;
   if (i < text.size() && text[i] == '.') {
     has_fraction = true;
     ++i;
-    long double scale = 0.1L;
     bool fraction_digits = false;
     for (; i < text.size() && ((text[i] >= '0' && text[i] <= '9') || text[i] == '_'); ++i) {
       if (text[i] == '_') continue;
-      fraction += scale * static_cast<long double>(text[i] - '0');
-      scale /= 10;
       fraction_digits = true;
+      if (denominator >= 1'000'000'000'000'000'000ULL) continue;
+      fraction = fraction * 10 + static_cast<std::uint64_t>(text[i] - '0');
+      denominator *= 10;
     }
     if (!fraction_digits) return fail("a digit must follow the decimal point");
   }
@@ -338,7 +342,17 @@ result<std::uint64_t> parse_size(std::string_view text) {
   if (has_fraction && mult == 1) return fail("a fraction of a byte is not a size");
   if (integer > UINT64_MAX / mult) return fail("the size does not fit in 64 bits");
   const std::uint64_t base = integer * mult;
-  const auto extra = static_cast<std::uint64_t>(fraction * static_cast<long double>(mult));
+  // floor(fraction * mult / denominator), exactly: mult is a power of two, so one bit of the
+  // quotient per doubling (fraction < denominator <= 10^18, so 2 * fraction never overflows).
+  std::uint64_t extra = 0;
+  for (std::uint64_t bit = mult; bit > 1; bit >>= 1) {
+    fraction *= 2;
+    extra *= 2;
+    if (fraction >= denominator) {
+      fraction -= denominator;
+      extra += 1;
+    }
+  }
   if (extra > UINT64_MAX - base) return fail("the size does not fit in 64 bits");
   return base + extra;
 }

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cctype>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 
@@ -85,6 +86,8 @@ result<void> apply_config_text(runtime_config& cfg, std::string_view text, std::
 }
 
 result<void> apply_config_file(runtime_config& cfg, const std::string& path) {
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec)) return config_error(path, "the config file is a directory");
   std::ifstream in(path);
   if (!in) return config_error(path, "the config file cannot be read");
   std::stringstream buf;

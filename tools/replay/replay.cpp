@@ -261,8 +261,9 @@ result<replay_result> replay_actor(const trace& t, const replay_options& o) {
       finished.fetch_add(1);
     });
   }
-  start_line.arrive_and_wait();
+  // The clock starts before the workers are released, so that none can finish before it started.
   const auto start = clock_type::now();
+  start_line.arrive_and_wait();
   const std::uint64_t total = t.events.size();
   while (o.progress && finished.load() < nt) {
     std::this_thread::sleep_for(std::chrono::milliseconds(100));

@@ -23,12 +23,16 @@ error trace_error(const char* kind, std::string_view origin, std::uint64_t line,
   return e;
 }
 
-/// The line as quoted in errors: long lines are cut so that a binary file gives a short message.
-std::string quote(std::string_view s) {
+/// Input echoed in errors: long lines and tokens are cut so that a binary file or a runaway number
+/// gives a short message.
+std::string cut(std::string_view s) {
   constexpr std::size_t most = 60;
-  if (s.size() <= most) return fmt::format("'{}'", s);
-  return fmt::format("'{}...'", s.substr(0, most));
+  if (s.size() <= most) return std::string(s);
+  return fmt::format("{}...", s.substr(0, most));
 }
+
+/// A line or a token as quoted in errors.
+std::string quote(std::string_view s) { return fmt::format("'{}'", cut(s)); }
 
 bool is_blank(char c) noexcept { return c == ' ' || c == '\t'; }
 
@@ -157,7 +161,7 @@ result<trace> parse_devrt(std::string_view text, std::string_view origin) {
     std::uint64_t raw = 0;
     if (!parse_u64(id_text, raw)) {
       return trace_error("malformed id", origin, n,
-                         fmt::format("id '{}' is not a non-negative integer in {}", id_text, quote(line)));
+                         fmt::format("id {} is not a non-negative integer in {}", quote(id_text), quote(line)));
     }
     const std::uint32_t known = ids.get(raw);
     if (kind == 'a') {
@@ -168,11 +172,11 @@ result<trace> parse_devrt(std::string_view text, std::string_view origin) {
       std::uint64_t size = 0;
       if (!parse_u64(size_text, size)) {
         return trace_error("non-numeric size", origin, n,
-                           fmt::format("size '{}' is not a non-negative integer in {}", size_text, quote(line)));
+                           fmt::format("size {} is not a non-negative integer in {}", quote(size_text), quote(line)));
       }
       if (const std::string_view extra = tk.next(); !extra.empty()) {
         return trace_error("unexpected text", origin, n,
-                           fmt::format("unexpected '{}' after the size in {}", extra, quote(line)));
+                           fmt::format("unexpected {} after the size in {}", quote(extra), quote(line)));
       }
       if (known != 0) {
         return trace_error(
@@ -186,7 +190,7 @@ result<trace> parse_devrt(std::string_view text, std::string_view origin) {
     }
     if (const std::string_view extra = tk.next(); !extra.empty()) {
       return trace_error("unexpected text", origin, n,
-                         fmt::format("unexpected '{}' after the id in {}", extra, quote(line)));
+                         fmt::format("unexpected {} after the id in {}", quote(extra), quote(line)));
     }
     if (known == 0) {
       return trace_error("free of an unknown id", origin, n, fmt::format("free of id {}, never allocated", raw));
@@ -278,7 +282,7 @@ result<trace> parse_rmm(std::string_view text, std::string_view origin) {
         return {};
       }
       return trace_error("unknown action", origin, n,
-                         fmt::format("unknown action '{}' (expected allocate, free or allocate failure)", action));
+                         fmt::format("unknown action {} (expected allocate, free or allocate failure)", quote(action)));
     }
     std::string_view ptr_text = fields[col_pointer];
     std::uint64_t ptr = 0;
@@ -288,21 +292,22 @@ result<trace> parse_rmm(std::string_view text, std::string_view origin) {
       if (iequals(ptr_text, "nullptr") || iequals(ptr_text, "(nil)")) {
         ptr = 0;
       } else {
-        return trace_error("malformed pointer", origin, n, fmt::format("pointer '{}' is not a hex address", ptr_text));
+        return trace_error("malformed pointer", origin, n,
+                           fmt::format("pointer {} is not a hex address", quote(ptr_text)));
       }
     }
     const std::string_view size_text = fields[col_size];
     std::uint64_t size = 0;
     if (!parse_u64(size_text, size)) {
       return trace_error("non-numeric size", origin, n,
-                         fmt::format("size '{}' is not a non-negative integer in {}", size_text, quote(line)));
+                         fmt::format("size {} is not a non-negative integer in {}", quote(size_text), quote(line)));
     }
     if (is_alloc) {
       std::uint32_t& slot = pointers[ptr];
       if (ptr != 0 && slot != 0 && b.states[slot - 1].free_line == 0) {
-        return trace_error(
-            "duplicate pointer", origin, n,
-            fmt::format("allocation at pointer {}, still live since line {}", ptr_text, b.states[slot - 1].alloc_line));
+        return trace_error("duplicate pointer", origin, n,
+                           fmt::format("allocation at pointer {}, still live since line {}", cut(ptr_text),
+                                       b.states[slot - 1].alloc_line));
       }
       auto id = b.add_alloc(size, n, origin);
       if (!id) return std::move(id).err();
@@ -318,13 +323,13 @@ result<trace> parse_rmm(std::string_view text, std::string_view origin) {
     auto it = pointers.find(ptr);
     if (it == pointers.end()) {
       return trace_error("free of an unknown pointer", origin, n,
-                         fmt::format("free of pointer {}, never allocated", ptr_text));
+                         fmt::format("free of pointer {}, never allocated", cut(ptr_text)));
     }
     const id_state& s = b.states[it->second - 1];
     if (s.free_line != 0) {
       return trace_error("double free", origin, n,
                          fmt::format("double free of pointer {} (allocated at line {}, already freed at line {})",
-                                     ptr_text, s.alloc_line, s.free_line));
+                                     cut(ptr_text), s.alloc_line, s.free_line));
     }
     b.add_free(it->second - 1, n);
     return {};

@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <optional>
 #include <string>
 #include <unordered_map>
@@ -46,7 +47,8 @@ class sim_storage {
 
   // ---- Address ranges (when `props.map_granularity` is not 0) ----
   /// Error unsupported without a map granularity; invalid_argument for a size that is not a
-  /// multiple of it.
+  /// multiple of the unit or a unit not of the granularity; out_of_memory above 2^48 bytes (more
+  /// addresses than a device has).
   result<memory::storage_handle> reserve_range(std::uint64_t size, std::uint64_t unit);
   /// Counts like an allocation (capacity, injected failures). Errors: out_of_memory, not_found,
   /// invalid_argument (not whole units of the range, outside it, or already mapped).
@@ -76,13 +78,12 @@ class sim_storage {
 
  private:
   sim_options opts_;
-  // A range in units: whether each is mapped, and at the first unit of each mapping its length,
-  // so that an unmap is checked against exactly one earlier map.
+  // A range: its mappings by first unit, with their lengths in units, so that an unmap is checked
+  // against exactly one earlier map. Bookkeeping grows with the mappings, not with the range.
   struct range {
     std::uint64_t size = 0;
     std::uint64_t unit = 0;
-    std::vector<std::uint8_t> mapped;
-    std::vector<std::uint64_t> length;
+    std::map<std::uint64_t, std::uint64_t> mappings;
   };
   result<void> check_granules(const range& r, std::uint64_t offset, std::uint64_t size) const;
   range* find_range(memory::storage_id id);
