@@ -158,7 +158,8 @@ result<void> arena_pool::map_granules(pool_context& ctx, std::uint64_t first, st
       }
       error e = std::move(r).err();
       e.size = size;
-      if (e.in_use == 0) e.in_use = usage_.bytes_reserved;
+      // What devrt holds now, after giving back this call's mappings.
+      e.in_use = ctx.stats.bytes_reserved;
       return e;
     }
     g = end;

@@ -1118,3 +1118,22 @@ TEST(ArenaRandomized, MemoryHeldStaysWithinTheBoundOfLiveSlices) {
 }
 
 }  // namespace
+
+namespace {
+
+// A request that needs two mappings where the device grants only the first: the first is given
+// back, and the error reports what devrt holds after that, not at the refusal.
+TEST(ArenaPool, ARefusedSecondMappingReportsWhatIsHeldAfterTheRollback) {
+  arena_env env("arena");
+  env.sim->fail_allocation(2);                    // the second map call of the next reserve
+  auto r = env.m->reserve(13 * kGranule + 1000);  // 13 whole granules, then a last one of its own
+  ASSERT_FALSE(r);
+  EXPECT_EQ(r.code(), devrt::errc::out_of_memory);
+  EXPECT_EQ(r.err().in_use, 0u) << r.err().message();
+  EXPECT_EQ(env.reserved(), 0u);
+  env.check();
+  EXPECT_TRUE(env.m->reserve(13 * kGranule + 1000)) << "a retry succeeds";
+  env.check();
+}
+
+}  // namespace

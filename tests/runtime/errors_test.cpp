@@ -276,8 +276,11 @@ TEST_F(Errors, CallerSideFailureCompletesOffTheCallersThread) {
     std::lock_guard lock(m);  // the callback cannot finish before configure() has returned
     c.configure(std::vector<pool_config>{}, [&](error_code ec, devrt::memory::configure_outcome) {
       EXPECT_EQ(ec, errc::empty_pool_list);
-      std::lock_guard inner(m);
-      saw_returned = returned;
+      {
+        std::lock_guard inner(m);
+        saw_returned = returned;
+      }
+      // Outside the lock: once the value is set the test may return and destroy the mutex.
       where.set_value(std::this_thread::get_id());
     });
     returned = true;
