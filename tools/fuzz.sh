@@ -10,8 +10,7 @@
 #
 # Inputs found during the run go to build/fuzz/corpus/<target>. A failing input is saved as
 # build/fuzz/artifacts/<target>/crash-* (reproduce: build/fuzz/tests/fuzz/<target> FILE) and the
-# script exits 1. DEVRT_FUZZ_STRICT=1 turns on the checks of known parser rounding issues (see
-# RELIABILITY.md). Each target ends with a line: executions, coverage (cov, ft), corpus size.
+# script exits 1. Each target ends with a line: executions, coverage (cov, ft), corpus size.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -22,7 +21,7 @@ while [ $# -gt 0 ]; do
   case "$1" in
     --time) seconds="$2"; shift 2 ;;
     --update-corpus) update=1; shift ;;
-    -h|--help) sed -n '2,16p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,13p' "$0"; exit 0 ;;
     *) targets+=("$1"); shift ;;
   esac
 done

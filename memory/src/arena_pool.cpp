@@ -152,14 +152,19 @@ result<void> arena_pool::map_granules(pool_context& ctx, std::uint64_t first, st
     if (r && whole_end != end) r = map_run(ctx, last, 1);
     if (!r) {
       // Give back what this call mapped: none of it was used.
+      std::uint64_t given_back = 0;
       for (std::uint64_t k = first; k <= last; ++k) {
         const std::uint32_t m = granules_[k].mapping;
-        if (m != npos && mappings_[m].stamp == map_calls_) unmap_mapping(ctx, m);
+        if (m != npos && mappings_[m].stamp == map_calls_) {
+          given_back += mappings_[m].count * granule_;
+          unmap_mapping(ctx, m);
+        }
       }
       error e = std::move(r).err();
       e.size = size;
-      // What devrt holds now, after giving back this call's mappings.
-      e.in_use = ctx.stats.bytes_reserved;
+      // What the device holds now: what it held when it refused (queued frees of other pools
+      // included), less the mappings this call gave back.
+      e.in_use = e.in_use > given_back ? e.in_use - given_back : 0;
       return e;
     }
     g = end;

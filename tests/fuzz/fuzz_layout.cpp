@@ -12,9 +12,6 @@
 // - no resolved size is smaller than the one written (no alignment wraps around 2^64);
 // - a manager over that layout (sim storage) serves a few reserves with check_invariants() empty and
 //   gives every page and mapping back after an explicit cleanup.
-// Arenas whose address space holds more than 2^22 granules are resolved and checked but not built
-// over the sim device, whose bookkeeping grows with the granules (see RELIABILITY.md), unless
-// DEVRT_FUZZ_STRICT=1 is in the environment.
 
 #include <cstdint>
 #include <cstdio>
@@ -115,27 +112,6 @@ void check_pools(const std::string& input, const mem::device_properties& props,
   }
 }
 
-bool strict() {
-  static const bool on = [] {
-    const char* v = std::getenv("DEVRT_FUZZ_STRICT");  // NOLINT(concurrency-mt-unsafe): read once
-    return v != nullptr && *v == '1';
-  }();
-  return on;
-}
-
-/// Whether the sim device can stand for this layout: it keeps bookkeeping per granule of an arena's
-/// address space, so an address space of billions of granules is more than this machine holds (a
-/// real device reserves the addresses only). Such layouts are resolved and checked, not built.
-bool simulable(const std::vector<mem::pool_options>& pools) {
-  for (const auto& p : pools) {
-    if (p.kind == mem::pool_kind::arena && p.page_size != 0 && p.max_pool_size &&
-        *p.max_pool_size / p.page_size > (std::uint64_t{1} << 22)) {
-      return false;
-    }
-  }
-  return true;
-}
-
 void exercise(const std::string& input, const mem::device_properties& props, const mem::memory_layout& layout) {
   devrt::devices::sim_options o;
   o.props = props;
@@ -205,7 +181,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     }
     check_pools(input, props, *resolved);
     check_not_shrunk(input, *parsed, *resolved);
-    if (resolved->size() <= 16 && (strict() || simulable(*resolved))) exercise(input, props, *parsed);
+    if (resolved->size() <= 16) exercise(input, props, *parsed);
   }
   return 0;
 }

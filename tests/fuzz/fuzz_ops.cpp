@@ -276,7 +276,8 @@ class program {
       // The bytes the device held when it refused: an arena that mapped part of the request before the
       // refusal gives that part back, so the device may hold less afterwards, never more.
       if (r.code() == errc::out_of_memory && r.err().in_use < sim_->allocated_bytes()) {
-        fail("out_of_memory carries fewer bytes than the device holds");
+        fail("out_of_memory carries fewer bytes (" + std::to_string(r.err().in_use) + ") than the device holds (" +
+             std::to_string(sim_->allocated_bytes()) + "): " + r.err().message());
       }
       return;
     }

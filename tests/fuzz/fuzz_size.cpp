@@ -3,10 +3,9 @@
 // Checks, aborting on a violation:
 // - errors are malformed_size, echo the whole input and quote it in the message;
 // - a parsed value parses back to itself from its decimal form, and format_bytes takes it;
-// - the value agrees with an exact reference parser written here (same grammar, integer
-//   arithmetic). parse_size computes fractions in long double, which can be one byte off the
-//   exact floor ("0.0009765625KiB" gives 0, not 1): by default a difference of one byte is
-//   tolerated; DEVRT_FUZZ_STRICT=1 in the environment makes it a failure too.
+// - the value is exactly the one of a reference parser written here (same grammar, integer
+//   arithmetic): fractions round down to the exact floor ("0.0009765625KiB" is 1 byte), and a
+//   size above 2^64 - 1 is refused.
 
 #include <cctype>
 #include <cstdint>
@@ -27,14 +26,6 @@ using u128 = unsigned __int128;
 [[noreturn]] void fail(const std::string& input, const std::string& what) {
   std::fprintf(stderr, "fuzz_size: %s\ninput: '%s'\n", what.c_str(), input.c_str());
   std::abort();
-}
-
-bool strict() {
-  static const bool on = [] {
-    const char* v = std::getenv("DEVRT_FUZZ_STRICT");  // NOLINT(concurrency-mt-unsafe): read once
-    return v != nullptr && *v == '1';
-  }();
-  return on;
 }
 
 std::string_view trim(std::string_view s) {
@@ -129,23 +120,17 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     if (r.err().text != input) fail(input, "the error does not echo the input");
     if (r.err().message().find("malformed size '") == std::string::npos) fail(input, "message: " + r.err().message());
     if (want && *want <= UINT64_MAX) {
-      // A refusal of a representable value is tolerated only next to the limit, where the
-      // fraction's rounding can push the sum over it.
-      if (strict() || *want < UINT64_MAX - 1) {
-        fail(input, "refused a size the grammar accepts (exact value " + u128_text(*want) + "): " + r.err().message());
-      }
+      fail(input, "refused a size the grammar accepts (exact value " + u128_text(*want) + "): " + r.err().message());
     }
     return 0;
   }
 
   const std::uint64_t v = *r;
   if (!want) fail(input, "accepted text the grammar refuses, as " + std::to_string(v));
-  if (*want > UINT64_MAX && !(*want == u128{UINT64_MAX} + 1 && !strict())) {
+  if (*want > UINT64_MAX) {
     fail(input, "accepted a size above 2^64 - 1 (exact value " + u128_text(*want) + ") as " + std::to_string(v));
   }
-  const u128 got = v;
-  const u128 diff = got > *want ? got - *want : *want - got;
-  if (diff > (strict() ? 0 : 1)) {
+  if (u128{v} != *want) {
     fail(input, "parsed as " + std::to_string(v) + ", the exact floor is " + u128_text(*want));
   }
   auto again = devrt::memory::parse_size(std::to_string(v));

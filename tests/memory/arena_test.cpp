@@ -493,6 +493,9 @@ TEST(ArenaPool, AFailedMapLeavesThePoolAsItWas) {
   ASSERT_FALSE(r);
   EXPECT_EQ(r.code(), errc::out_of_memory);
   EXPECT_EQ(r.err().size, 69 * MiB);
+  // What the device holds after the rollback, not at the refusal.
+  EXPECT_EQ(r.err().in_use, 32 * MiB);
+  EXPECT_EQ(r.err().in_use, env.sim->allocated_bytes());
   const memory_statistics s = env.stats();
   EXPECT_EQ(s.bytes_reserved, before.bytes_reserved);
   EXPECT_EQ(s.maps, before.maps + 1);

@@ -162,6 +162,8 @@ TEST(BadInputLayout, EveryInvalidLayoutThroughConfigure) {
   for (compute_client c : {rt.host(), rt.sim()}) {
     SCOPED_TRACE(c.device().name);
     memory_handle live = c.reserve(4096).get();
+    // The actor counts a message after it completes it: wait for the count of the reserve.
+    ASSERT_TRUE(devrt_test::wait_until([&] { return c.actor()->messages_processed() >= 1; }));
     const auto processed = c.actor()->messages_processed();
     for (const auto& l : invalid_layouts()) {
       expect_failure(c.configure(l.layout), l.code, {"invalid layout", l.needle}, l.name);

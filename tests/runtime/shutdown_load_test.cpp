@@ -244,6 +244,11 @@ TEST_P(ShutdownUnderLoad, EveryRequestIsAnsweredAndNothingLeaks) {
   for (unsigned i = 0; i < threads; ++i) {
     pool.emplace_back([&, i] { client_loop(c, !s.sim, 1000 + i, out, destroyed, survivors[i]); });
   }
+  if (!s.block_strand) {
+    // Under a loaded machine (sanitizers, parallel tests) a few milliseconds may pass before the
+    // first request is served: the destruction comes once one has been.
+    EXPECT_TRUE(devrt_test::wait_until([&] { return out.served.load() > 0; })) << "no request was ever served";
+  }
   std::this_thread::sleep_for(std::chrono::milliseconds(s.delay_ms));
   if (s.block_strand) {
     // Release the strand from another thread once the destruction has begun.
