@@ -28,7 +28,7 @@ memory_manager::memory_manager(storage store, manager_options opts)
     : store_(std::move(store)),
       opts_(std::move(opts)),
       props_(store_.properties()),
-      ctx_{store_, stats_, queue_, descriptors_},
+      ctx_{store_, stats_, queue_},
       persistent_(store_.alignment()) {
   layout_ = resolve_or_throw(opts_.layout, props_);
   build_pools(layout_);
@@ -90,7 +90,7 @@ void memory_manager::release_one(detail::descriptor* d) {
   if ((now & detail::descriptor::attached_bit) == 0) {
     // Detached while queued (bind replaced it, or its pool was released): drop the queue's
     // reference only.
-    if (detail::descriptor::total(now) == 0) descriptors_.recycle(d);
+    if (detail::descriptor::total(now) == 0) detail::descriptor::destroy(d);
     return;
   }
   if (detail::descriptor::total(now) != 1) return;  // referenced again since the drop

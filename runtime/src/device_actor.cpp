@@ -121,12 +121,14 @@ void actor_core::exit_persistent() {
 // ---- device_actor ----
 
 device_actor::device_actor(device_info info, std::unique_ptr<memory::memory_manager> manager,
-                           boost::asio::any_io_executor completions, std::shared_ptr<spdlog::logger> log)
+                           boost::asio::any_io_executor completions, std::shared_ptr<spdlog::logger> log,
+                           std::chrono::microseconds idle_spin)
     : info_(std::move(info)),
       strand_(boost::asio::make_strand(io_.get_executor())),
       work_(boost::asio::make_work_guard(io_.get_executor())),
       completions_(std::move(completions)),
       log_(log),
+      idle_spin_(idle_spin),
       core_(std::make_unique<actor_core>(std::move(manager), std::move(log), info_)) {
   thread_ = std::thread([this] { io_.run(); });
   SPDLOG_LOGGER_INFO(log_, "[{}] memory actor started: {}", info_.name, core_->manager().report());
@@ -155,9 +157,12 @@ void device_actor::drain() {
     if (next_ == batch_.size()) {
       batch_.clear();
       next_ = 0;
-      if (core_ == nullptr || !mailbox_.take(batch_)) {
+      if (core_ == nullptr) return;
+      if (!mailbox_.take(batch_, /*go_idle=*/false)) {
         after_batch();
-        return;  // the mailbox is idle; the next push schedules a drain
+        if (!spin_for_messages() && !mailbox_.take(batch_)) {
+          return;  // the mailbox is idle; the next push schedules a drain
+        }
       }
     }
     message& m = batch_[next_++];
@@ -171,6 +176,22 @@ void device_actor::drain() {
   }
   after_batch();
   boost::asio::defer(strand_, [self = shared_from_this()] { self->drain(); });
+}
+
+bool device_actor::spin_for_messages() {
+  if (idle_spin_.count() <= 0) return false;
+  // A message is served in well under a microsecond, while a sleeping thread takes several to
+  // wake: polling a little longer than a client's own wake-up keeps round trips short. The strand
+  // is held meanwhile; a shutdown ends the polling at once.
+  bool taken = false;
+  detail::spin_until(
+      [this, &taken] {
+        if (stopped_.load(std::memory_order_relaxed)) return true;
+        taken = mailbox_.maybe_queued() && mailbox_.take(batch_, /*go_idle=*/false);
+        return taken;
+      },
+      idle_spin_);
+  return taken;
 }
 
 void device_actor::after_batch() {

@@ -48,6 +48,7 @@ runtime::runtime(runtime_options opts) {
   log_->set_level(spdlog_level(config_.log));
   log_->set_pattern("[%H:%M:%S.%e] [devrt] [%l] %v");
   completions_ = &completion_pool(opts.completion_threads);
+  idle_spin_ = opts.idle_spin;
 
   try {
     add_device(device_info{device_kind::host, 0, "host", {}}, memory::storage::make<devices::host_storage>(opts.host),
@@ -85,8 +86,8 @@ void runtime::add_device(device_info info, memory::storage store, const memory::
   info.properties = store.properties();
   auto manager = std::make_unique<memory::memory_manager>(
       std::move(store), memory::manager_options{info.name, layout, config_.persistent_memory, std::nullopt});
-  actors_.push_back(
-      std::make_shared<device_actor>(std::move(info), std::move(manager), completions_->get_executor(), log_));
+  actors_.push_back(std::make_shared<device_actor>(std::move(info), std::move(manager), completions_->get_executor(),
+                                                   log_, idle_spin_));
 }
 
 void runtime::shutdown() noexcept {

@@ -46,6 +46,65 @@ memory_handle reserve_ok(memory_manager& m, std::uint64_t size) {
   return r ? std::move(*r) : memory_handle{};
 }
 
+// Descriptors are recycled through per-thread caches and a process-wide pool: made on some
+// threads, dropped on others (as client threads create and a device thread frees), by threads
+// that exit with descriptors in their caches. Every id stays unique, every handle keeps its own
+// identity, and a stale copy never sees a reused descriptor's new id.
+TEST(Handle, DescriptorsRecycledAcrossThreadsKeepUniqueIdentities) {
+  constexpr int producers = 4;
+  constexpr int rounds = 6;
+  constexpr int per_round = 3000;
+  std::vector<std::vector<std::uint64_t>> seen(producers * rounds);
+  for (int round = 0; round < rounds; ++round) {
+    std::vector<std::vector<memory_handle>> made(producers);
+    std::vector<std::thread> threads;
+    for (int p = 0; p < producers; ++p) {
+      threads.emplace_back([&, p] {
+        for (int i = 0; i < per_round; ++i) made[p].push_back(memory_handle::make());
+      });
+    }
+    for (auto& t : threads) t.join();  // the producers exit: their caches are emptied
+    threads.clear();
+    for (int p = 0; p < producers; ++p) {
+      auto& out = seen[round * producers + p];
+      for (const auto& h : made[p]) {
+        EXPECT_EQ(h.use_count(), 1u);
+        out.push_back(h.id().value);
+      }
+    }
+    // Other threads drop them, keeping one copy of every 100th to check it is untouched later.
+    std::vector<memory_handle> kept;
+    for (int p = 0; p < producers; ++p) {
+      for (std::size_t i = 0; i < made[p].size(); i += 100) kept.push_back(made[p][i]);
+    }
+    for (int p = 0; p < producers; ++p) {
+      threads.emplace_back([&, p] { made[p].clear(); });
+    }
+    for (auto& t : threads) t.join();
+    std::size_t k = 0;
+    for (int p = 0; p < producers; ++p) {
+      for (std::size_t i = 0; i < per_round; i += 100, ++k) {
+        EXPECT_EQ(kept[k].id().value, seen[round * producers + p][i]) << "a held descriptor was reused";
+        EXPECT_EQ(kept[k].use_count(), 1u);
+      }
+    }
+  }
+  std::set<std::uint64_t> ids;
+  for (const auto& v : seen) {
+    for (auto id : v) {
+      EXPECT_NE(id, 0u);
+      ASSERT_TRUE(ids.insert(id).second) << "id " << id << " given twice";
+    }
+  }
+  // The calling thread makes and drops many in a row: its cache spills to the shared pool and
+  // refills from it.
+  for (int i = 0; i < 10; ++i) {
+    std::vector<memory_handle> many(1000);
+    for (auto& h : many) h = memory_handle::make();
+    for (auto& h : many) ASSERT_TRUE(ids.insert(h.id().value).second);
+  }
+}
+
 TEST(Handle, MakeGivesFreshIds) {
   std::set<std::uint64_t> ids;
   for (int i = 0; i < 1000; ++i) {

@@ -298,8 +298,7 @@ TEST(RefMemoryManage, MaxPoolSizeSmallerThanPageShrinksPage) {
   storage st = storage::make<devices::sim_storage>(o);
   memory_statistics stats;
   release_queue queue;
-  descriptor_cache descriptors;
-  pool_context ctx{st, stats, queue, descriptors};
+  pool_context ctx{st, stats, queue};
   sliced_pool pool(pool_options{pool_kind::sliced, 2048, 2048, 512, std::nullopt}, 32, 0);
 
   EXPECT_EQ(pool.try_reserve(ctx, 256), nullptr);
@@ -331,8 +330,7 @@ TEST(RefMemoryManage, MaxPoolSizeBelowAlignmentNeverOvershoots) {
   storage st = storage::make<devices::sim_storage>(o);
   memory_statistics stats;
   release_queue queue;
-  descriptor_cache descriptors;
-  pool_context ctx{st, stats, queue, descriptors};
+  pool_context ctx{st, stats, queue};
   sliced_pool pool(pool_options{pool_kind::sliced, 1024, 1024, 16, std::nullopt}, 32, 0);
 
   auto r = pool.alloc(ctx, 8);

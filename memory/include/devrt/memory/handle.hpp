@@ -65,10 +65,13 @@ struct descriptor {
   static std::uint64_t total(std::uint64_t s) noexcept { return s & total_mask; }
   static std::uint64_t handles(std::uint64_t s) noexcept { return (s & handle_mask) >> 32; }
 
-  /// A new unattached descriptor with a fresh id and no references.
+  /// An unattached descriptor with a fresh id and no references: from the calling thread's cache
+  /// of free descriptors, which refills in batches from a process-wide pool, so the steady state
+  /// allocates nothing however the threads that create descriptors and the threads that drop them
+  /// are paired.
   static descriptor* create();
-  /// Gives a fresh id to a recycled descriptor (owner thread, no references outside).
-  void renew() noexcept;
+  /// Gives back a descriptor nobody refers to, to the calling thread's cache.
+  static void destroy(descriptor* d) noexcept;
 
   void add_handle() noexcept { state.fetch_add(one_handle | one_ref, std::memory_order_relaxed); }
   void add_binding() noexcept { state.fetch_add(one_ref, std::memory_order_relaxed); }
@@ -76,7 +79,8 @@ struct descriptor {
   void release(std::uint64_t delta) noexcept;
 };
 
-/// Process-wide counter of ids; never returns 0.
+/// A process-unique id; never 0. Threads take ids in blocks, so ids are unique but not ordered
+/// across threads.
 std::uint64_t next_memory_id() noexcept;
 
 }  // namespace detail

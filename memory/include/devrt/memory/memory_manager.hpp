@@ -156,7 +156,6 @@ class memory_manager {
   std::vector<pool_options> layout_;
   memory_statistics stats_;
   release_queue queue_;
-  descriptor_cache descriptors_;
   pool_context ctx_;
   persistent_pool persistent_;
   std::vector<dynamic_pool> pools_;

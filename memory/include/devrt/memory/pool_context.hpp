@@ -1,6 +1,5 @@
-// What every pool needs from its manager: the storage, the statistics, the release queue that
-// drops are reported to, and a cache of descriptors to reuse. Owned by the manager; used only on
-// the manager's owner thread.
+// What every pool needs from its manager: the storage, the statistics and the release queue that
+// drops are reported to. Owned by the manager; used only on the manager's owner thread.
 #pragma once
 
 #include <cstdint>
@@ -14,50 +13,18 @@
 
 namespace devrt::memory {
 
-/// Recycles descriptors of slices that became free, so the steady state allocates none.
-class descriptor_cache {
- public:
-  descriptor_cache() = default;
-  descriptor_cache(const descriptor_cache&) = delete;
-  descriptor_cache& operator=(const descriptor_cache&) = delete;
-  ~descriptor_cache() {
-    for (auto* d : free_) delete d;
-  }
-  /// A descriptor with a fresh id and no references.
-  detail::descriptor* acquire() {
-    if (free_.empty()) return detail::descriptor::create();
-    detail::descriptor* d = free_.back();
-    free_.pop_back();
-    d->renew();
-    return d;
-  }
-  /// Takes back a descriptor nobody refers to.
-  void recycle(detail::descriptor* d) {
-    if (free_.size() < max_cached) {
-      free_.push_back(d);
-    } else {
-      delete d;
-    }
-  }
-
- private:
-  static constexpr std::size_t max_cached = 4096;
-  std::vector<detail::descriptor*> free_;
-};
-
 /// Everything a pool touches outside itself.
 struct pool_context {
   storage& store;
   memory_statistics& stats;
   release_queue& queue;
-  descriptor_cache& descriptors;
   /// Descriptors detached while a drop was handing them to the release queue; the manager waits
   /// for them before it goes away.
   std::uint64_t detached_in_flight = 0;
 
   /// Gives a fresh descriptor to a slice at `loc`, with one user handle. Returns it.
   detail::descriptor* attach_new(const location& loc) {
-    detail::descriptor* d = descriptors.acquire();
+    detail::descriptor* d = detail::descriptor::create();
     d->loc = loc;
     d->queue = &queue;
     // The slice's own reference plus the handle returned to the caller.
@@ -74,7 +41,7 @@ struct pool_context {
   void detach(detail::descriptor* d) {
     const std::uint64_t old =
         d->state.fetch_sub(detail::descriptor::attached_bit | detail::descriptor::one_ref, std::memory_order_acq_rel);
-    if (detail::descriptor::total(old) == 1) descriptors.recycle(d);
+    if (detail::descriptor::total(old) == 1) detail::descriptor::destroy(d);
     if ((old & detail::descriptor::queued_bit) != 0) ++detached_in_flight;
   }
 

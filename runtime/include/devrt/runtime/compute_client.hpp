@@ -1,7 +1,8 @@
 // The client of one device: cheap to copy, safe to use from any thread.
 //
-// Every asynchronous operation takes an Asio completion token (default: `use_future`) and
-// completes with `boost::system::error_code` first:
+// Every asynchronous operation takes an Asio completion token (default: devrt's `use_future`, a
+// std::future that polls briefly before it sleeps; see future.hpp) and completes with
+// `boost::system::error_code` first:
 //
 //     auto h = client.reserve(1 << 20).get();                       // future; throws system_error
 //     client.reserve(1 << 20, [](error_code ec, memory_handle h) {...});   // callback
@@ -38,6 +39,7 @@
 #include "devrt/memory/usage.hpp"
 #include "devrt/runtime/device_actor.hpp"
 #include "devrt/runtime/error.hpp"
+#include "devrt/runtime/future.hpp"
 
 namespace devrt::runtime {
 
@@ -149,7 +151,7 @@ class persistent_scope;
 
 class compute_client {
  public:
-  using default_token = boost::asio::use_future_t<>;
+  using default_token = use_future_t;
 
   compute_client() = default;
   explicit compute_client(std::shared_ptr<device_actor> actor) : actor_(std::move(actor)) {}

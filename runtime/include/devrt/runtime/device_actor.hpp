@@ -11,6 +11,7 @@
 #include <boost/asio/executor_work_guard.hpp>
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/strand.hpp>
+#include <chrono>
 #include <cstdint>
 #include <deque>
 #include <memory>
@@ -21,6 +22,7 @@
 
 #include "devrt/memory/memory_manager.hpp"
 #include "devrt/runtime/mailbox.hpp"
+#include "devrt/runtime/spin.hpp"
 
 namespace spdlog {
 class logger;
@@ -86,9 +88,11 @@ class actor_core {
 class device_actor : public std::enable_shared_from_this<device_actor> {
  public:
   /// Starts the device thread. `completions` runs completion handlers that have no executor of
-  /// their own.
+  /// their own. `idle_spin`: how long the device thread, out of messages, keeps polling the
+  /// mailbox before it sleeps (0: sleeps at once).
   device_actor(device_info info, std::unique_ptr<memory::memory_manager> manager,
-               boost::asio::any_io_executor completions, std::shared_ptr<spdlog::logger> log);
+               boost::asio::any_io_executor completions, std::shared_ptr<spdlog::logger> log,
+               std::chrono::microseconds idle_spin = std::chrono::microseconds(0));
   device_actor(const device_actor&) = delete;
   device_actor& operator=(const device_actor&) = delete;
   ~device_actor();
@@ -116,6 +120,8 @@ class device_actor : public std::enable_shared_from_this<device_actor> {
   void schedule_drain();
   void drain();
   void after_batch();
+  /// Polls the mailbox for up to idle_spin_; true when messages were taken into batch_.
+  bool spin_for_messages();
 
   device_info info_;
   boost::asio::io_context io_{1};
@@ -123,6 +129,7 @@ class device_actor : public std::enable_shared_from_this<device_actor> {
   boost::asio::executor_work_guard<boost::asio::io_context::executor_type> work_;
   boost::asio::any_io_executor completions_;
   std::shared_ptr<spdlog::logger> log_;
+  std::chrono::microseconds idle_spin_;
   mailbox mailbox_;
   // Strand-only state.
   std::unique_ptr<actor_core> core_;

@@ -6,6 +6,7 @@
 // the lock. Messages hold their completion state inline (no allocation for small handlers).
 #pragma once
 
+#include <atomic>
 #include <cstddef>
 #include <mutex>
 #include <new>
@@ -14,6 +15,7 @@
 #include <vector>
 
 #include "devrt/memory/error.hpp"
+#include "devrt/runtime/spin.hpp"
 
 namespace devrt::runtime {
 
@@ -116,41 +118,47 @@ class mailbox {
 
   /// Queues a message. On `closed`, `m` is left untouched so the caller can abort it.
   push_result push(message& m) {
-    std::lock_guard lock(mutex_);
+    std::lock_guard guard(lock_);
     if (closed_) return push_result::closed;
     queue_.push_back(std::move(m));
+    queued_.store(true, std::memory_order_relaxed);
     if (scheduled_) return push_result::queued;
     scheduled_ = true;
     return push_result::schedule_drain;
   }
 
-  /// Takes every queued message into `out` (which must be empty). Returns false and marks the
-  /// mailbox idle when nothing was queued.
-  bool take(std::vector<message>& out) {
-    std::lock_guard lock(mutex_);
+  /// Takes every queued message into `out` (which must be empty). When nothing was queued,
+  /// returns false and, if `go_idle`, marks the mailbox idle (the next push schedules a drain).
+  bool take(std::vector<message>& out, bool go_idle = true) {
+    std::lock_guard guard(lock_);
     if (queue_.empty()) {
-      scheduled_ = false;
+      if (go_idle) scheduled_ = false;
       return false;
     }
     out.swap(queue_);
+    queued_.store(false, std::memory_order_relaxed);
     return true;
   }
 
+  /// Whether a message may be waiting, without taking the lock (for polling; `take` decides).
+  [[nodiscard]] bool maybe_queued() const noexcept { return queued_.load(std::memory_order_relaxed); }
+
   /// Refuses further messages and returns those still queued.
   std::vector<message> close() {
-    std::lock_guard lock(mutex_);
+    std::lock_guard guard(lock_);
     closed_ = true;
     return std::exchange(queue_, {});
   }
 
   [[nodiscard]] bool closed() const {
-    std::lock_guard lock(mutex_);
+    std::lock_guard guard(lock_);
     return closed_;
   }
 
  private:
-  mutable std::mutex mutex_;
+  mutable spin_lock lock_;
   std::vector<message> queue_;
+  std::atomic<bool> queued_{false};
   bool scheduled_ = false;
   bool closed_ = false;
 };

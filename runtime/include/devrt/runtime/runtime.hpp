@@ -11,6 +11,7 @@
 #pragma once
 
 #include <boost/asio/thread_pool.hpp>
+#include <chrono>
 #include <memory>
 #include <optional>
 #include <string>
@@ -44,6 +45,10 @@ struct runtime_options {
   /// Threads that run completion handlers without an executor of their own. The pool is shared by
   /// every runtime of the process; the first runtime created sizes it.
   std::size_t completion_threads = 2;
+  /// How long a device thread that has run out of messages keeps polling for more before it
+  /// sleeps: a message arriving meanwhile is served without a thread wake-up (several
+  /// microseconds). 0 makes device threads sleep at once, spending no CPU while idle.
+  std::chrono::microseconds idle_spin{20};
 };
 
 class runtime {
@@ -79,6 +84,7 @@ class runtime {
   std::shared_ptr<spdlog::logger> log_;
   boost::asio::thread_pool* completions_ = nullptr;  // process-wide, never stopped
   std::vector<std::shared_ptr<device_actor>> actors_;
+  std::chrono::microseconds idle_spin_{0};
   bool stopped_ = false;
 };
 

@@ -1,0 +1,185 @@
+// How clients and device threads wait: devrt's default future (polls, then blocks), the device
+// thread's idle polling (`runtime_options::idle_spin`), and the mailbox's spin lock.
+
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <boost/asio/use_future.hpp>
+#include <boost/system/system_error.hpp>
+#include <chrono>
+#include <future>
+#include <limits>
+#include <string>
+#include <thread>
+#include <type_traits>
+#include <vector>
+
+#include "devrt/runtime/runtime.hpp"
+#include "devrt/runtime/spin.hpp"
+#include "runtime_test_util.hpp"
+
+namespace {
+
+using devrt::errc;
+using devrt::memory::memory_handle;
+using devrt::runtime::runtime;
+using devrt::runtime::runtime_options;
+using devrt_test::quiet_options;
+
+runtime_options with_spin(std::chrono::microseconds spin) {
+  runtime_options o = quiet_options();
+  o.idle_spin = spin;
+  return o;
+}
+
+TEST(DefaultFuture, IsDevrtsFutureAndBehavesAsAStdFuture) {
+  runtime rt(quiet_options());
+  auto c = rt.host();
+  auto f = c.reserve(4096);
+  static_assert(std::is_same_v<decltype(f), devrt::runtime::future<memory_handle>>);
+  static_assert(std::is_base_of_v<std::future<memory_handle>, decltype(f)>);
+  ASSERT_TRUE(f.valid());
+  f.wait();
+  EXPECT_EQ(f.wait_for(std::chrono::seconds(0)), std::future_status::ready);
+  memory_handle h = f.get();
+  EXPECT_FALSE(f.valid()) << "get() consumes the shared state, as std::future's does";
+  EXPECT_TRUE(h.can_mut());
+
+  // Converts to std::future by moving.
+  std::future<memory_handle> g = c.reserve(4096);
+  EXPECT_FALSE(g.get().empty());
+
+  // A void operation.
+  auto s = c.synchronize();
+  static_assert(std::is_same_v<decltype(s), devrt::runtime::future<void>>);
+  s.get();
+
+  // Asio's own future is still available.
+  auto a = c.reserve(4096, boost::asio::use_future);
+  static_assert(std::is_same_v<decltype(a), std::future<memory_handle>>);
+  EXPECT_FALSE(a.get().empty());
+}
+
+TEST(DefaultFuture, ErrorsThrowSystemErrorWithDevrtsCode) {
+  runtime rt(quiet_options());
+  auto c = rt.host();
+  auto f = c.reserve(std::numeric_limits<std::uint64_t>::max());
+  try {
+    (void)f.get();
+    ADD_FAILURE() << "a reserve above every pool must fail";
+  } catch (const boost::system::system_error& e) {
+    EXPECT_EQ(e.code(), errc::buffer_too_big);
+    EXPECT_NE(std::string(e.what()).find("cannot allocate"), std::string::npos) << e.what();
+  }
+}
+
+TEST(DefaultFuture, AnEmptyFutureReportsNoState) {
+  devrt::runtime::future<memory_handle> f;
+  EXPECT_FALSE(f.valid());
+  try {
+    (void)f.get();
+    ADD_FAILURE() << "get() on an empty future must throw";
+  } catch (const std::future_error& e) {
+    EXPECT_EQ(e.code(), std::future_errc::no_state);
+  }
+}
+
+TEST(DefaultFuture, AResultThatTakesLongerThanThePollingStillArrives) {
+  runtime rt(with_spin(std::chrono::microseconds(0)));
+  auto c = rt.host();
+  auto f = c.submit({}, [](devrt::runtime::submit_context&) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));  // far beyond the future's polling
+    return 7;
+  });
+  EXPECT_EQ(f.get(), 7);
+}
+
+// Requests a millisecond apart: a device thread that polls for longer serves them all in the drain
+// it is in; one that sleeps when idle needs a new drain (a strand post and a wake-up) for each.
+std::uint64_t drains_for_spaced_requests(std::chrono::microseconds idle_spin, int requests) {
+  runtime rt(with_spin(idle_spin));
+  auto c = rt.host();
+  (void)c.reserve(4096).get();
+  const auto before = c.actor()->drains();
+  for (int i = 0; i < requests; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    (void)c.reserve(4096).get();
+  }
+  return c.actor()->drains() - before;
+}
+
+TEST(IdleSpin, ADeviceThreadThatPollsServesSpacedRequestsWithoutNewDrains) {
+  constexpr int requests = 40;
+  const auto polling = drains_for_spaced_requests(std::chrono::milliseconds(500), requests);
+  const auto sleeping = drains_for_spaced_requests(std::chrono::microseconds(0), requests);
+  EXPECT_LE(polling, 4u) << "the device thread stopped polling within its idle spin";
+  EXPECT_GE(sleeping, static_cast<std::uint64_t>(requests) * 9 / 10)
+      << "a device thread with idle_spin 0 kept running between requests a millisecond apart";
+}
+
+TEST(IdleSpin, AShutdownEndsThePollingAtOnce) {
+  runtime rt(with_spin(std::chrono::seconds(20)));
+  auto c = rt.host();
+  memory_handle h = c.reserve(4096).get();  // the device thread now polls for up to 20 s
+  const auto start = std::chrono::steady_clock::now();
+  rt.shutdown();
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(5)) << "the shutdown waited for the polling";
+  EXPECT_EQ(devrt_test::failure_of(c.reserve(4096)).code, errc::shutdown);
+}
+
+TEST(IdleSpin, ManyThreadsWithPollingOnBothSidesKeepEveryRequest) {
+  runtime rt(with_spin(std::chrono::milliseconds(1)));
+  auto c = rt.host();
+  constexpr int threads = 8;
+  constexpr int per_thread = 500;
+  std::atomic<int> served{0};
+  std::vector<std::thread> pool;
+  for (int t = 0; t < threads; ++t) {
+    pool.emplace_back([&] {
+      std::vector<memory_handle> live;
+      for (int i = 0; i < per_thread; ++i) {
+        if (i % 2 == 0) {
+          live.push_back(c.reserve(256 + i).get());
+        } else {
+          live.push_back(c.create(512 + i));
+        }
+        if (live.size() > 16) live.erase(live.begin());
+        served.fetch_add(1);
+      }
+    });
+  }
+  for (auto& t : pool) t.join();
+  EXPECT_EQ(served.load(), threads * per_thread);
+  c.synchronize().get();
+  EXPECT_EQ(c.check_invariants().get(), "");
+  EXPECT_EQ(c.memory_usage().get().number_allocs, 0u);
+}
+
+TEST(SpinLock, ExcludesEveryOtherThread) {
+  devrt::runtime::spin_lock lock;
+  std::uint64_t counter = 0;  // not atomic: the lock alone protects it
+  constexpr int threads = 8;
+  constexpr int per_thread = 20000;
+  std::vector<std::thread> pool;
+  for (int t = 0; t < threads; ++t) {
+    pool.emplace_back([&] {
+      for (int i = 0; i < per_thread; ++i) {
+        std::lock_guard guard(lock);
+        ++counter;
+      }
+    });
+  }
+  for (auto& t : pool) t.join();
+  EXPECT_EQ(counter, std::uint64_t{threads} * per_thread);
+}
+
+TEST(SpinUntil, ReturnsTrueOnceReadyAndFalseAfterTheLimit) {
+  int calls = 0;
+  EXPECT_TRUE(devrt::runtime::detail::spin_until([&] { return ++calls == 100; }, std::chrono::seconds(10)));
+  EXPECT_EQ(calls, 100);
+  const auto start = std::chrono::steady_clock::now();
+  EXPECT_FALSE(devrt::runtime::detail::spin_until([] { return false; }, std::chrono::microseconds(200)));
+  EXPECT_GE(std::chrono::steady_clock::now() - start, std::chrono::microseconds(200));
+}
+
+}  // namespace
