@@ -73,6 +73,7 @@ void guard_cache() {
 }
 
 bool refill_from_shared() {
+  if (!cache.guarded) guard_cache();  // what the thread then holds is freed when it exits
   shared_pool& pool = shared();
   std::lock_guard lock(pool.mutex);
   if (pool.batches.empty()) return false;
