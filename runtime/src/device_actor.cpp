@@ -171,7 +171,8 @@ void device_actor::drain() {
     } catch (...) {
       // Messages complete their own errors; nothing may escape the strand.
     }
-    processed_.fetch_add(1, std::memory_order_relaxed);
+    // Only this strand writes the count: a plain store, no locked instruction per message.
+    processed_.store(processed_.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
     --budget;
   }
   after_batch();

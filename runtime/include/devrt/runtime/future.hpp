@@ -4,7 +4,7 @@
 // A memory message is served in well under a microsecond once the device thread has it, while a
 // thread asleep on a futex takes several microseconds to be woken (more on servers whose idle
 // cores sleep deeply). So `get()` and `wait()` poll the shared state for up to `future_spin`
-// (yielding the core between polls after the first microsecond, so that threads outnumbering
+// (yielding the core between polls after the first 8 µs, so that threads outnumbering
 // cores still make progress) and only then block.
 //
 //     devrt::runtime::future<memory_handle> f = client.reserve(1 << 20);   // the default token

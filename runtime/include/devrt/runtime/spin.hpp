@@ -1,7 +1,7 @@
 // Short waits without sleeping: polling with a deadline, and a lock for tiny critical sections.
 //
-// Both give the core away (std::this_thread::yield) once a wait lasts more than a moment, so that
-// threads outnumbering cores, as on small CI machines, still progress.
+// Both give the core away (std::this_thread::yield) once a wait lasts more than a few
+// microseconds, so that threads outnumbering cores, as on small CI machines, still progress.
 #pragma once
 
 #include <atomic>
@@ -20,8 +20,12 @@ inline void cpu_relax() noexcept {
 #endif
 }
 
+/// How long `spin_until` polls before it starts giving the core away between polls: a
+/// sched_yield is a system call, too slow a step while an answer is due within a few microseconds.
+inline constexpr std::chrono::microseconds pure_spin{8};
+
 /// Polls `ready()` until it returns true (then returns true) or `limit` has passed (false).
-/// Yields the core between polls after the first microsecond.
+/// Yields the core between polls after the first `pure_spin`.
 template <class Ready>
 bool spin_until(Ready&& ready, std::chrono::microseconds limit) {
   using clock = std::chrono::steady_clock;
@@ -34,7 +38,7 @@ bool spin_until(Ready&& ready, std::chrono::microseconds limit) {
     }
     const auto waited = clock::now() - start;
     if (waited >= limit) return false;
-    if (waited >= std::chrono::microseconds(1)) std::this_thread::yield();
+    if (waited >= pure_spin) std::this_thread::yield();
   }
 }
 
