@@ -37,7 +37,8 @@ TEST(DefaultFuture, IsDevrtsFutureAndBehavesAsAStdFuture) {
   auto c = rt.host();
   auto f = c.reserve(4096);
   static_assert(std::is_same_v<decltype(f), devrt::runtime::future<memory_handle>>);
-  static_assert(std::is_base_of_v<std::future<memory_handle>, decltype(f)>);
+  static_assert(std::is_convertible_v<decltype(f), std::future<memory_handle>>);
+  static_assert(!std::is_copy_constructible_v<decltype(f)>);
   ASSERT_TRUE(f.valid());
   f.wait();
   EXPECT_EQ(f.wait_for(std::chrono::seconds(0)), std::future_status::ready);
@@ -81,6 +82,80 @@ TEST(DefaultFuture, AnEmptyFutureReportsNoState) {
     ADD_FAILURE() << "get() on an empty future must throw";
   } catch (const std::future_error& e) {
     EXPECT_EQ(e.code(), std::future_errc::no_state);
+  }
+}
+
+// A slow operation: a submit that sleeps until `gate` opens.
+template <class F>
+auto slow_submit(devrt::runtime::compute_client& c, std::shared_future<void> gate, F&& fn) {
+  return c.submit({}, [gate, fn = std::forward<F>(fn)](devrt::runtime::submit_context&) {
+    gate.wait();
+    return fn();
+  });
+}
+
+TEST(DefaultFuture, WaitForAndWaitUntilTimeOutThenSeeTheResult) {
+  runtime rt(quiet_options());
+  auto c = rt.host();
+  std::promise<void> open;
+  auto f = slow_submit(c, open.get_future().share(), [] { return 41; });
+  EXPECT_EQ(f.wait_for(std::chrono::milliseconds(0)), std::future_status::timeout);
+  EXPECT_EQ(f.wait_for(std::chrono::milliseconds(5)), std::future_status::timeout);
+  EXPECT_EQ(f.wait_until(std::chrono::steady_clock::now() + std::chrono::milliseconds(5)), std::future_status::timeout);
+  open.set_value();
+  EXPECT_EQ(f.wait_for(std::chrono::seconds(30)), std::future_status::ready);
+  EXPECT_EQ(f.get(), 41);
+}
+
+TEST(DefaultFuture, ConvertsToStdFutureBeforeAndAfterTheResult) {
+  runtime rt(quiet_options());
+  auto c = rt.host();
+  {
+    // Converted while pending: the device thread hands the result to the std::future.
+    std::promise<void> open;
+    auto f = slow_submit(c, open.get_future().share(), [] { return 7; });
+    std::future<int> g = std::move(f);
+    EXPECT_FALSE(f.valid());  // NOLINT(bugprone-use-after-move): moved-from state is specified
+    EXPECT_EQ(g.wait_for(std::chrono::milliseconds(5)), std::future_status::timeout);
+    open.set_value();
+    EXPECT_EQ(g.get(), 7);
+  }
+  {
+    // Converted once ready.
+    auto f = c.reserve(4096);
+    f.wait();
+    std::future<memory_handle> g = std::move(f);
+    EXPECT_TRUE(g.get().can_mut());
+  }
+  {
+    // An error travels through the conversion as system_error.
+    std::future<memory_handle> g = c.reserve(std::numeric_limits<std::uint64_t>::max());
+    try {
+      (void)g.get();
+      ADD_FAILURE() << "the reserve must fail";
+    } catch (const boost::system::system_error& e) {
+      EXPECT_EQ(e.code(), errc::buffer_too_big);
+    }
+  }
+  {
+    // Many pending conversions completed from the device thread while this thread converts.
+    std::vector<std::future<memory_handle>> all;
+    for (int i = 0; i < 2000; ++i) all.push_back(c.reserve(256));
+    for (auto& g : all) EXPECT_FALSE(g.get().empty());
+  }
+}
+
+TEST(DefaultFuture, AHandlerDroppedWithoutCompletingBreaksThePromise) {
+  devrt::runtime::use_future_t token;
+  auto f = boost::asio::async_initiate<devrt::runtime::use_future_t, void(boost::system::error_code, int)>(
+      [](auto handler) { (void)handler; },  // dropped unanswered
+      token);
+  ASSERT_TRUE(f.valid());
+  try {
+    (void)f.get();
+    ADD_FAILURE() << "get() must report the broken promise";
+  } catch (const std::future_error& e) {
+    EXPECT_EQ(e.code(), std::future_errc::broken_promise);
   }
 }
 

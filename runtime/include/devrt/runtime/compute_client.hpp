@@ -1,8 +1,8 @@
 // The client of one device: cheap to copy, safe to use from any thread.
 //
 // Every asynchronous operation takes an Asio completion token (default: devrt's `use_future`, a
-// std::future that polls briefly before it sleeps; see future.hpp) and completes with
-// `boost::system::error_code` first:
+// future that polls briefly before it sleeps and converts to std::future; see future.hpp) and
+// completes with `boost::system::error_code` first:
 //
 //     auto h = client.reserve(1 << 20).get();                       // future; throws system_error
 //     client.reserve(1 << 20, [](error_code ec, memory_handle h) {...});   // callback
@@ -132,6 +132,17 @@ result<R> invoke_body(Body& body, actor_core& core) noexcept {
   }
 }
 
+/// Completes `handler` with `r` here and now (devrt's future, whose completion only publishes).
+template <class R, class Handler>
+void complete_now(Handler& handler, result<R> r) {
+  const error_code ec = r ? error_code() : to_error_code(r.err());
+  if constexpr (std::is_void_v<R>) {
+    std::move(handler)(ec);
+  } else {
+    std::move(handler)(ec, r ? std::move(*r) : R{});
+  }
+}
+
 /// Completes `handler` with `r` on its executor (kept busy by `work` until then).
 template <class R, class Handler, class Work>
 void complete(Handler& handler, Work& work, result<R> r) {
@@ -166,6 +177,13 @@ class compute_client {
   auto async_run(Body&& body, Token&& token) const {
     return boost::asio::async_initiate<Token, typename detail::signature<R>::type>(
         [](auto handler, const std::shared_ptr<device_actor>& actor, std::decay_t<Body> b) {
+          if constexpr (detail::is_future_handler_v<decltype(handler)>) {
+            // devrt's future is completed on the strand itself: no executor, no hop.
+            actor->post(message([h = std::move(handler), b = std::move(b)](actor_core* core, const error* e) mutable {
+              detail::complete_now<R>(h, core != nullptr ? detail::invoke_body<R>(b, *core) : result<R>(*e));
+            }));
+            return;
+          }
           auto ex = boost::asio::get_associated_executor(handler, actor->completion_executor());
           auto work = boost::asio::prefer(ex, boost::asio::execution::outstanding_work.tracked);
           actor->post(message([h = std::move(handler), b = std::move(b), w = std::move(work)](actor_core* core,
@@ -186,6 +204,10 @@ class compute_client {
   auto async_fail(error e, Token&& token) const {
     return boost::asio::async_initiate<Token, typename detail::signature<R>::type>(
         [](auto handler, const std::shared_ptr<device_actor>& actor, const error& err) {
+          if constexpr (detail::is_future_handler_v<decltype(handler)>) {
+            detail::complete_now<R>(handler, result<R>(err));  // the future is simply ready
+            return;
+          }
           auto ex = boost::asio::get_associated_executor(handler, actor->completion_executor());
           auto work = boost::asio::prefer(ex, boost::asio::execution::outstanding_work.tracked);
           const error_code ec = to_error_code(err);
