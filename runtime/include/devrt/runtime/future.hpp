@@ -84,6 +84,7 @@ class future_state {
   /// Blocks until ready: polls first, then sleeps; with a timeout, false when it passed.
   bool wait(const std::chrono::nanoseconds* timeout) {
     if (is_ready()) return true;
+    if (timeout != nullptr && timeout->count() <= 0) return false;  // a poll: no waiter announced
     const auto start = std::chrono::steady_clock::now();
     const auto spin = timeout != nullptr
                           ? std::min<std::chrono::microseconds>(
