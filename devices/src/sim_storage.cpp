@@ -23,7 +23,7 @@ sim_storage::sim_storage(sim_options opts) : opts_(std::move(opts)) {
   if (opts_.props.alignment == 0) opts_.props.alignment = 1;
 }
 
-result<memory::storage_handle> sim_storage::alloc(std::uint64_t size) {
+result<void> sim_storage::admit(std::uint64_t size) {
   ++alloc_calls_;
   auto refuse = [&](const char* why) {
     error e = error::make(errc::out_of_memory, why);
@@ -38,11 +38,20 @@ result<memory::storage_handle> sim_storage::alloc(std::uint64_t size) {
   }
   const std::uint64_t cap = opts_.props.capacity;
   if (cap != 0 && (allocated_ > cap || size > cap - allocated_)) return refuse("simulated device capacity reached");
-  const memory::storage_id id = next_id_++;
-  pages_.emplace(id, size);
+  return {};
+}
+
+void sim_storage::charge(std::uint64_t size) noexcept {
   allocated_ += size;
   peak_ = std::max(peak_, allocated_);
   ++allocations_;
+}
+
+result<memory::storage_handle> sim_storage::alloc(std::uint64_t size) {
+  if (auto a = admit(size); !a) return std::move(a).err();
+  const memory::storage_id id = next_id_++;
+  pages_.emplace(id, size);
+  charge(size);
   return memory::storage_handle{id, 0, size};
 }
 
@@ -173,26 +182,10 @@ result<void> sim_storage::map(memory::storage_id id, std::uint64_t offset, std::
       return e;
     }
   }
-  const std::uint64_t fresh = size;
-  ++alloc_calls_;
-  auto refuse = [&](const char* why) {
-    error e = error::make(errc::out_of_memory, why);
-    e.size = size;
-    e.in_use = allocated_;
-    e.limit = opts_.props.capacity;
-    return e;
-  };
-  if (fail_at_ && alloc_calls_ == *fail_at_) {
-    fail_at_.reset();
-    return refuse("injected allocation failure");
-  }
-  const std::uint64_t cap = opts_.props.capacity;
-  if (cap != 0 && (allocated_ > cap || fresh > cap - allocated_)) return refuse("simulated device capacity reached");
+  if (auto a = admit(size); !a) return a;
   rg->mappings.emplace(offset / u, size / u);
-  mapped_ += fresh;
-  allocated_ += fresh;
-  peak_ = std::max(peak_, allocated_);
-  ++allocations_;
+  mapped_ += size;
+  charge(size);
   return {};
 }
 

@@ -513,6 +513,26 @@ TEST(ArenaPool, AFailedMapLeavesThePoolAsItWas) {
   env.check();
 }
 
+// The bytes an arena's out_of_memory reports are what the device holds after the rollback,
+// frees of other pools still queued included (the figure a caller compares with the capacity).
+TEST(ArenaPool, AFailedMapReportsTheDevicesBytesWithQueuedFreesOfOtherPools) {
+  arena_env env("sliced:page=1MiB,slice=64KiB,period=1;arena:space=256MiB");
+  {
+    auto small = env.reserve(4096);  // a sliced page of 1 MiB
+  }
+  // Reserves in the arena advance the period; the idle page is released, its free queued.
+  for (int i = 0; i < 8 && env.sim->pending_deallocations() == 0; ++i) (void)env.reserve(4 * MiB);
+  ASSERT_GT(env.sim->pending_deallocations(), 0u) << "the idle page's free must still be queued";
+  ASSERT_GT(env.sim->allocated_bytes(), env.reserved()) << "the device still holds the queued page";
+
+  env.sim->fail_allocation(1);
+  auto r = env.m->reserve(16 * MiB);  // the arena must map more, and the device refuses
+  ASSERT_FALSE(r);
+  EXPECT_EQ(r.code(), errc::out_of_memory);
+  EXPECT_EQ(r.err().in_use, env.sim->allocated_bytes()) << r.err().message();
+  EXPECT_EQ(env.m->check_invariants(), "");
+}
+
 TEST(ArenaPool, AFailedMapPutsTheFreeMappingsUnderTheSliceBack) {
   arena_env env("arena:space=256MiB");
   auto a = env.reserve(4 * MiB);

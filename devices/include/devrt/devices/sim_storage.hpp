@@ -77,6 +77,12 @@ class sim_storage {
   [[nodiscard]] std::uint64_t misuses() const noexcept { return misuses_; }
 
  private:
+  /// Counts an allocation call (pages and mappings alike) and refuses it on an injected fault or
+  /// when the capacity would be passed: out_of_memory with the size, the bytes held and the capacity.
+  result<void> admit(std::uint64_t size);
+  /// Books `size` bytes as held.
+  void charge(std::uint64_t size) noexcept;
+
   sim_options opts_;
   // A range: its mappings by first unit, with their lengths in units, so that an unmap is checked
   // against exactly one earlier map. Bookkeeping grows with the mappings, not with the range.
