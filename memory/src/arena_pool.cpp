@@ -16,15 +16,7 @@ arena_pool::arena_pool(const pool_options& opts, std::uint64_t alignment, std::u
 arena_pool::~arena_pool() { tree_.clear(); }
 
 std::uint32_t arena_pool::new_slot() {
-  std::uint32_t slot = 0;
-  if (!free_slots_.empty()) {
-    slot = free_slots_.back();
-    free_slots_.pop_back();
-    slots_[slot] = slice_node{};
-  } else {
-    slot = static_cast<std::uint32_t>(slots_.size());
-    slots_.emplace_back();
-  }
+  const std::uint32_t slot = slots_.acquire();
   slots_[slot].self = slot;
   slots_[slot].in_use_slot = true;
   return slot;
@@ -33,7 +25,7 @@ std::uint32_t arena_pool::new_slot() {
 void arena_pool::free_slot(std::uint32_t slot) {
   slots_[slot].in_use_slot = false;
   slots_[slot].desc = nullptr;
-  free_slots_.push_back(slot);
+  slots_.release(slot);
 }
 
 result<void> arena_pool::reserve_range(pool_context& ctx) {
@@ -88,7 +80,7 @@ void arena_pool::unmap_mapping(pool_context& ctx, std::uint32_t m) {
   mapped_ -= s.count;
   usage_.bytes_reserved -= s.count * granule_;
   s.in_use_slot = false;
-  free_mapping_slots_.push_back(m);
+  mappings_.release(m);
 }
 
 void arena_pool::evict(pool_context& ctx, std::uint64_t count) {
@@ -111,14 +103,7 @@ void arena_pool::trim(pool_context& ctx, std::uint64_t limit) {
 result<void> arena_pool::map_run(pool_context& ctx, std::uint64_t first, std::uint64_t count) {
   auto r = ctx.map_memory(range_, first * granule_, count * granule_);
   if (!r) return r;
-  std::uint32_t m = 0;
-  if (!free_mapping_slots_.empty()) {
-    m = free_mapping_slots_.back();
-    free_mapping_slots_.pop_back();
-  } else {
-    m = static_cast<std::uint32_t>(mappings_.size());
-    mappings_.emplace_back();
-  }
+  const std::uint32_t m = mappings_.acquire();
   mappings_[m] = mapping_state{first, count, 0, map_calls_, npos, npos, false, true};
   for (std::uint64_t g = first; g < first + count; ++g) granules_[g].mapping = m;
   mapped_ += count;
@@ -343,10 +328,8 @@ void arena_pool::release_all(pool_context& ctx) {
   if (range_ != 0) ctx.store.release_range(range_);
   range_ = 0;
   slots_.clear();
-  free_slots_.clear();
   granules_.clear();
   mappings_.clear();
-  free_mapping_slots_.clear();
   oldest_free_ = newest_free_ = npos;
   mapped_ = free_mapped_ = 0;
   usage_ = memory_usage{};

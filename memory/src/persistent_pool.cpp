@@ -43,14 +43,7 @@ result<detail::descriptor*> persistent_pool::alloc(pool_context& ctx, std::uint6
   const std::uint64_t extent = slice_extent(size, alignment_);
   auto page = ctx.alloc_page(extent);
   if (!page) return std::move(page).err();
-  std::uint32_t slot = 0;
-  if (!free_slots_.empty()) {
-    slot = free_slots_.back();
-    free_slots_.pop_back();
-  } else {
-    slot = static_cast<std::uint32_t>(slots_.size());
-    slots_.emplace_back();
-  }
+  const std::uint32_t slot = slots_.acquire();
   slice_node& s = slots_[slot];
   s.storage = *page;
   s.extent = extent;
@@ -137,7 +130,7 @@ void persistent_pool::cleanup(pool_context& ctx, bool explicit_cleanup) {
       usage_.bytes_reserved -= s.extent;
       s.exists = false;
       s.touched = false;
-      free_slots_.push_back(s.self);
+      slots_.release(s.self);
       b.count -= 1;
     }
     it = b.count == 0 ? buckets_.erase(it) : std::next(it);
@@ -155,7 +148,6 @@ void persistent_pool::release_all(pool_context& ctx) {
     ctx.free_page(s.storage.id, s.extent);
   }
   slots_.clear();
-  free_slots_.clear();
   buckets_.clear();
   touched_.clear();
   usage_ = memory_usage{};

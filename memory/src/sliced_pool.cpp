@@ -34,15 +34,7 @@ location sliced_pool::loc_of(std::uint32_t slot) const noexcept {
 }
 
 std::uint32_t sliced_pool::new_slot() {
-  std::uint32_t slot = 0;
-  if (!free_slots_.empty()) {
-    slot = free_slots_.back();
-    free_slots_.pop_back();
-    slots_[slot] = slice_node{};
-  } else {
-    slot = static_cast<std::uint32_t>(slots_.size());
-    slots_.emplace_back();
-  }
+  const std::uint32_t slot = slots_.acquire();
   slots_[slot].self = slot;
   slots_[slot].in_use_slot = true;
   return slot;
@@ -51,7 +43,7 @@ std::uint32_t sliced_pool::new_slot() {
 void sliced_pool::free_slot(std::uint32_t slot) {
   slots_[slot].in_use_slot = false;
   slots_[slot].desc = nullptr;
-  free_slots_.push_back(slot);
+  slots_.release(slot);
 }
 
 detail::descriptor* sliced_pool::take(pool_context& ctx, slice_node& s, std::uint64_t size) {
@@ -241,7 +233,6 @@ void sliced_pool::release_all(pool_context& ctx) {
   }
   pages_.clear();
   slots_.clear();
-  free_slots_.clear();
   usage_ = memory_usage{};
 }
 

@@ -31,6 +31,7 @@
 
 #include "devrt/memory/config.hpp"
 #include "devrt/memory/pool_context.hpp"
+#include "devrt/memory/slot_table.hpp"
 
 namespace devrt::memory {
 
@@ -69,7 +70,7 @@ class arena_pool {
   [[nodiscard]] std::uint64_t granule_size() const noexcept { return granule_; }
   [[nodiscard]] std::uint64_t mapped_granules() const noexcept { return mapped_; }
   [[nodiscard]] std::uint64_t free_mapped_granules() const noexcept { return free_mapped_; }
-  [[nodiscard]] std::size_t mapping_count() const noexcept { return mappings_.size() - free_mapping_slots_.size(); }
+  [[nodiscard]] std::size_t mapping_count() const noexcept { return mappings_.live(); }
   [[nodiscard]] std::string report() const;
   /// Empty when consistent; otherwise the first violation found.
   [[nodiscard]] std::string check_invariants() const;
@@ -146,12 +147,10 @@ class arena_pool {
   std::uint64_t chunk_;  // granules: mappings end at multiples of it
   std::uint8_t index_;
   storage_id range_ = 0;
-  std::deque<slice_node> slots_;
-  std::vector<std::uint32_t> free_slots_;
+  slot_table<slice_node> slots_;
   free_tree tree_;
   std::vector<granule_state> granules_;
-  std::vector<mapping_state> mappings_;
-  std::vector<std::uint32_t> free_mapping_slots_;
+  slot_table<mapping_state, std::vector<mapping_state>> mappings_;  // indexed on every reserve
   std::uint32_t oldest_free_ = npos;
   std::uint32_t newest_free_ = npos;
   std::uint64_t mapped_ = 0;       // granules with memory behind them

@@ -18,6 +18,7 @@
 
 #include "devrt/memory/config.hpp"
 #include "devrt/memory/pool_context.hpp"
+#include "devrt/memory/slot_table.hpp"
 
 namespace devrt::memory {
 
@@ -49,7 +50,7 @@ class persistent_pool {
   std::vector<memory_handle> pin_touched(pool_context& ctx);
 
   [[nodiscard]] memory_usage usage() const noexcept { return usage_; }
-  [[nodiscard]] std::size_t slice_count() const noexcept { return slots_.size() - free_slots_.size(); }
+  [[nodiscard]] std::size_t slice_count() const noexcept { return slots_.live(); }
   [[nodiscard]] std::string report() const;
   [[nodiscard]] std::string check_invariants() const;
 
@@ -73,8 +74,7 @@ class persistent_pool {
   detail::descriptor* take(pool_context& ctx, slice_node& s, std::uint64_t size);
 
   std::uint64_t alignment_;
-  std::deque<slice_node> slots_;
-  std::vector<std::uint32_t> free_slots_;
+  slot_table<slice_node> slots_;
   std::unordered_map<std::uint64_t, bucket> buckets_;
   std::vector<std::uint32_t> touched_;
   bool recording_ = false;

@@ -18,6 +18,7 @@
 
 #include "devrt/memory/config.hpp"
 #include "devrt/memory/pool_context.hpp"
+#include "devrt/memory/slot_table.hpp"
 
 namespace devrt::memory {
 
@@ -113,8 +114,7 @@ class sliced_pool {
   std::uint64_t max_alloc_;
   std::optional<std::uint64_t> max_pages_;
   std::uint8_t index_;
-  std::deque<slice_node> slots_;
-  std::vector<std::uint32_t> free_slots_;
+  slot_table<slice_node> slots_;
   std::vector<page_node> pages_;
   free_tree tree_;
   memory_usage usage_;
