@@ -48,21 +48,20 @@ runtime::runtime(runtime_options opts) {
   log_->set_level(spdlog_level(config_.log));
   log_->set_pattern("[%H:%M:%S.%e] [devrt] [%l] %v");
   completions_ = &completion_pool(opts.completion_threads);
-  idle_spin_ = opts.idle_spin;
 
   try {
     add_device(device_info{device_kind::host, 0, "host", {}}, memory::storage::make<devices::host_storage>(opts.host),
-               opts.host_layout);
+               opts.host_layout, opts.idle_spin);
     if (opts.sim) {
       add_device(device_info{device_kind::sim, 0, "sim", {}}, memory::storage::make<devices::sim_storage>(*opts.sim),
-                 opts.sim_layout);
+                 opts.sim_layout, opts.idle_spin);
     }
 #ifdef DEVRT_WITH_CUDA
     if (opts.use_cuda) {
       const int n = devices::cuda_device_count();
       for (int i = 0; i < n; ++i) {
         add_device(device_info{device_kind::cuda, i, "cuda:" + std::to_string(i), {}},
-                   memory::storage::make<devices::cuda_storage>(i), opts.cuda_layout);
+                   memory::storage::make<devices::cuda_storage>(i), opts.cuda_layout, opts.idle_spin);
       }
     }
 #endif
@@ -82,12 +81,13 @@ result<std::unique_ptr<runtime>> runtime::create(runtime_options opts) {
 
 runtime::~runtime() { shutdown(); }
 
-void runtime::add_device(device_info info, memory::storage store, const memory::memory_layout& layout) {
+void runtime::add_device(device_info info, memory::storage store, const memory::memory_layout& layout,
+                         std::chrono::microseconds idle_spin) {
   info.properties = store.properties();
   auto manager = std::make_unique<memory::memory_manager>(
       std::move(store), memory::manager_options{info.name, layout, config_.persistent_memory, std::nullopt});
   actors_.push_back(std::make_shared<device_actor>(std::move(info), std::move(manager), completions_->get_executor(),
-                                                   log_, idle_spin_));
+                                                   log_, idle_spin));
 }
 
 void runtime::shutdown() noexcept {

@@ -78,13 +78,13 @@ class runtime {
   [[nodiscard]] const runtime_config& config() const noexcept { return config_; }
 
  private:
-  void add_device(device_info info, memory::storage store, const memory::memory_layout& layout);
+  void add_device(device_info info, memory::storage store, const memory::memory_layout& layout,
+                  std::chrono::microseconds idle_spin);
 
   runtime_config config_;
   std::shared_ptr<spdlog::logger> log_;
   boost::asio::thread_pool* completions_ = nullptr;  // process-wide, never stopped
   std::vector<std::shared_ptr<device_actor>> actors_;
-  std::chrono::microseconds idle_spin_{0};
   bool stopped_ = false;
 };
 
