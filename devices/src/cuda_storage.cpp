@@ -3,15 +3,29 @@
 #include <cuda.h>
 #include <cuda_runtime_api.h>
 
-#include <type_traits>
-
+#include <algorithm>
+#include <cstring>
 #include <string>
+#include <type_traits>
 
 namespace devrt::devices {
 
 namespace {
 
 cudaStream_t as_stream(void* s) { return static_cast<cudaStream_t>(s); }
+cudaEvent_t as_event(void* e) { return static_cast<cudaEvent_t>(e); }
+
+// Staging: reads and writes up to this size go through pinned buffers of the device's; buffers are
+// rounded up to a power of two of at least 64 KiB and kept for the next copy (freeing pinned
+// memory would synchronize the device).
+constexpr std::uint64_t max_staged = std::uint64_t{64} << 20;
+constexpr std::uint64_t min_staging = std::uint64_t{64} << 10;
+
+std::uint64_t staging_class(std::uint64_t n) {
+  std::uint64_t c = min_staging;
+  while (c < n) c <<= 1;
+  return c;
+}
 
 error cuda_error(cudaError_t e, const char* what) {
   error out = error::make(e == cudaErrorMemoryAllocation ? errc::out_of_memory : errc::device_error, what);
@@ -25,10 +39,14 @@ class cuda_graph final : public memory::recorded_work {
   cuda_graph(cudaGraphExec_t exec, cudaStream_t stream, int device) : exec_(exec), stream_(stream), device_(device) {}
   cuda_graph(const cuda_graph&) = delete;
   cuda_graph& operator=(const cuda_graph&) = delete;
+  // Destroyed only once its replays are done: the device releases a dropped graph behind an event
+  // on its stream, and a storage that goes away drains its stream first.
   ~cuda_graph() override {
+    int current = 0;
+    const bool restore = cudaGetDevice(&current) == cudaSuccess;
     cudaSetDevice(device_);
-    cudaStreamSynchronize(stream_);
     cudaGraphExecDestroy(exec_);
+    if (restore) cudaSetDevice(current);
   }
   result<void> launch() override {
     cudaSetDevice(device_);
@@ -96,12 +114,34 @@ cuda_storage::cuda_storage(int device) : device_(device), name_("cuda:" + std::t
 }
 
 cuda_storage::~cuda_storage() {
+  int current = 0;
+  const bool restore = cudaGetDevice(&current) == cudaSuccess;
   cudaSetDevice(device_);
+  (void)join_users();
   for (auto& [id, p] : pages_) cudaFreeAsync(p.ptr, as_stream(stream_));
+  // Teardown is the one place that waits: every user's work on the memory is done after this.
   cudaStreamSynchronize(as_stream(stream_));
-  while (!ranges_.empty()) release_range(ranges_.begin()->first);
-  for (auto& b : batches_) cudaEventDestroy(static_cast<cudaEvent_t>(b.event));
+  for (auto& b : batches_) {
+    cudaEventDestroy(as_event(b.event));
+    for (const auto& [id, index] : b.units) {
+      auto it = ranges_.find(id);
+      if (it != ranges_.end() && it->second.units[index].state == unit_state::unmap_recorded &&
+          it->second.units[index].batch == b.seq) {
+        release_mapping(it->second, index);
+      }
+    }
+  }
+  batches_.clear();
+  while (!ranges_.empty()) free_range_now(ranges_.begin()->first);
+  for (auto& t : tickets_) {
+    if (t.live && t.staging != nullptr) cudaFreeHost(t.staging);
+    if (t.event != nullptr) cudaEventDestroy(as_event(t.event));
+  }
+  for (auto& [t, b] : staging_in_flight_) cudaFreeHost(b.ptr);
+  for (auto& b : staging_free_) cudaFreeHost(b.ptr);
+  for (void* ev : free_events_) cudaEventDestroy(as_event(ev));
   cudaStreamDestroy(as_stream(stream_));
+  if (restore) cudaSetDevice(current);
 }
 
 result<void> cuda_storage::bind_device() const {
@@ -129,6 +169,12 @@ result<memory::storage_handle> cuda_storage::alloc(std::uint64_t size) {
     err.detail = cudaGetErrorName(e);
     return err;
   }
+  // The page may have been freed on the device's stream with work of the device's own still queued
+  // on it: the streams in use wait for the allocation, as stream-ordered allocation requires.
+  for (const memory::queue_id q : queues_) {
+    auto t = mark(memory::queue::device);
+    if (t) (void)join(q, *t);
+  }
   const memory::storage_id id = next_id_++;
   pages_.emplace(id, page{ptr, size});
   allocated_ += size;
@@ -139,8 +185,15 @@ result<memory::storage_handle> cuda_storage::alloc(std::uint64_t size) {
 void cuda_storage::dealloc(memory::storage_id id) { pending_.push_back(id); }
 
 result<void> cuda_storage::flush() {
-  if (pending_.empty() && requested_unmaps_.empty() && batches_.empty()) return {};
+  if (pending_deallocations() == 0) return {};
   if (auto r = bind_device(); !r) return r;
+  recycle_staging();
+  // Nothing reaches the driver from inside a capture: it would be recorded into the graph and
+  // run again at every replay. The queue is kept for the first flush after the capture.
+  if (capturing_) return {};
+  if (!pending_.empty() || !requested_unmaps_.empty()) {
+    if (auto j = join_users(); !j) return j;
+  }
   if (auto u = record_unmaps(); !u) return u;
   if (!batches_.empty()) {
     if (auto c = complete_unmaps(false); !c) return c;
@@ -183,16 +236,7 @@ result<memory::resource> cuda_storage::get(const memory::storage_handle& h) {
 }
 
 result<void> cuda_storage::write(const memory::storage_handle& h, const void* src) {
-  auto r = get(h);
-  if (!r) return std::move(r).err();
-  if (auto b = bind_device(); !b) return b;
-  if (h.size == 0) return {};
-  // From pageable memory the call returns once the source has been staged, so the caller may
-  // release `src` at once; the copy itself stays ordered on the stream.
-  if (auto e = cudaMemcpyAsync(r->ptr, src, h.size, cudaMemcpyHostToDevice, as_stream(stream_)); e != cudaSuccess) {
-    return cuda_error(e, "cudaMemcpyAsync (host to device) failed");
-  }
-  return {};
+  return write_on(h, src, memory::queue::device);
 }
 
 result<void> cuda_storage::read(const memory::storage_handle& h, void* dst) {
@@ -217,6 +261,8 @@ void* cuda_storage::native_queue() noexcept {
 result<void> cuda_storage::begin_capture() {
   if (capturing_) return {};
   if (auto b = bind_device(); !b) return b;
+  // Frees queued so far go to the driver now, so that none is recorded into the graph.
+  if (auto f = flush(); !f) return f;
   // Thread-local mode: other threads may keep calling CUDA while this stream records.
   if (auto e = cudaStreamBeginCapture(as_stream(stream_), cudaStreamCaptureModeThreadLocal); e != cudaSuccess) {
     return cuda_error(e, "cudaStreamBeginCapture failed");
@@ -371,7 +417,8 @@ void cuda_storage::release_mapping(range& r, std::uint64_t start) {
   for (std::uint64_t k = start; k < start + u.count; ++k) r.units[k].owner = 0xffffffffU;
   u.handle = 0;
   u.count = 0;
-  u.state = 0;
+  u.batch = 0;
+  u.state = unit_state::none;
   mapped_ -= bytes;
   allocated_ -= bytes;
   ++driver_frees_;
@@ -380,19 +427,29 @@ void cuda_storage::release_mapping(range& r, std::uint64_t start) {
 result<void> cuda_storage::complete_unmaps(bool wait) {
   std::size_t done = 0;
   for (; done < batches_.size(); ++done) {
-    auto* ev = static_cast<cudaEvent_t>(batches_[done].event);
+    auto* ev = as_event(batches_[done].event);
+    if (wait) ++gpu_waits_;
     const cudaError_t q = wait ? cudaEventSynchronize(ev) : cudaEventQuery(ev);
     if (q == cudaErrorNotReady) break;
     if (q != cudaSuccess) return cuda_error(q, "waiting for the stream before unmapping failed");
-    cudaEventDestroy(ev);
+    give_event(ev);
+    const std::uint64_t seq = batches_[done].seq;
     for (const auto& [id, index] : batches_[done].units) {
       auto it = ranges_.find(id);
-      // A unit mapped again since its unmap was requested keeps its memory.
-      if (it == ranges_.end() || it->second.units[index].state != 3) continue;
+      if (it == ranges_.end()) continue;
+      // Only the batch that recorded the unmap releases it: a mapping mapped again since then
+      // keeps its memory, and one unmapped again belongs to a newer batch.
+      const unit& u = it->second.units[index];
+      if (u.state != unit_state::unmap_recorded || u.batch != seq) continue;
       release_mapping(it->second, index);
     }
   }
   batches_.erase(batches_.begin(), batches_.begin() + static_cast<std::ptrdiff_t>(done));
+  // Ranges released by their pool go once no batch refers to them any more.
+  if (!dying_ranges_.empty() && batches_.empty()) {
+    for (const memory::storage_id id : dying_ranges_) free_range_now(id);
+    dying_ranges_.clear();
+  }
   return {};
 }
 
@@ -417,15 +474,18 @@ result<void> cuda_storage::map(memory::storage_id id, std::uint64_t offset, std:
   const std::uint64_t first = offset / us;
   const std::uint64_t count = size / us;
   unit& head = r->units[first];
-  if (head.owner == first && head.count == count && (head.state == 2 || head.state == 3)) {
-    head.state = 1;  // the same mapping again before its unmap happened: it keeps its memory
+  if (head.owner == first && head.count == count &&
+      (head.state == unit_state::unmap_requested || head.state == unit_state::unmap_recorded)) {
+    // The same mapping again before its unmap happened: it keeps its memory and leaves its batch.
+    head.state = unit_state::mapped;
+    head.batch = 0;
     return {};
   }
   bool pending = false;
   for (std::uint64_t k = first; k < first + count; ++k) {
     const std::uint32_t o = r->units[k].owner;
     if (o == 0xffffffffU) continue;
-    if (r->units[o].state == 1) {
+    if (r->units[o].state == unit_state::mapped) {
       error e = error::make(errc::invalid_argument, "the memory is mapped already");
       e.size = k * us;
       return e;
@@ -433,7 +493,9 @@ result<void> cuda_storage::map(memory::storage_id id, std::uint64_t offset, std:
     pending = true;
   }
   if (pending) {
-    // Addresses still mapped by an unmap that has not happened yet: let the stream reach it.
+    // Other bounds over addresses whose unmap has not happened yet: the stream has to reach it
+    // first. The arena never asks for this (it maps again exactly what it unmapped); direct users
+    // of the storage wait here, counted in gpu_waits().
     if (auto u = record_unmaps(); !u) return u;
     if (auto c = complete_unmaps(true); !c) return c;
   }
@@ -442,7 +504,8 @@ result<void> cuda_storage::map(memory::storage_id id, std::uint64_t offset, std:
   CUmemGenericAllocationHandle h = 0;
   CUresult cr = api_->create(&h, size, &prop, 0);
   if (cr == CUDA_ERROR_OUT_OF_MEMORY && (!batches_.empty() || !requested_unmaps_.empty())) {
-    // Memory is on its way back: let the stream reach the pending unmaps, then try again.
+    // Memory pressure: memory is on its way back; let the stream reach the pending unmaps (a
+    // counted wait), then try again.
     if (auto u = record_unmaps(); !u) return u;
     if (auto c = complete_unmaps(true); !c) return c;
     cr = api_->create(&h, size, &prop, 0);
@@ -474,7 +537,8 @@ result<void> cuda_storage::map(memory::storage_id id, std::uint64_t offset, std:
   for (std::uint64_t k = first; k < first + count; ++k) r->units[k].owner = static_cast<std::uint32_t>(first);
   head.handle = h;
   head.count = count;
-  head.state = 1;
+  head.batch = 0;
+  head.state = unit_state::mapped;
   mapped_ += size;
   allocated_ += size;
   ++driver_allocs_;
@@ -487,27 +551,27 @@ void cuda_storage::unmap(memory::storage_id id, std::uint64_t offset, std::uint6
   const std::uint64_t first = offset / r->unit_size;
   unit& head = r->units[first];
   // Only what one map call mapped, whole.
-  if (head.owner != first || head.state != 1 || head.count * r->unit_size != size) return;
-  head.state = 2;
+  if (head.owner != first || head.state != unit_state::mapped || head.count * r->unit_size != size) return;
+  head.state = unit_state::unmap_requested;
   requested_unmaps_.emplace_back(id, first);
 }
 
 result<void> cuda_storage::record_unmaps() {
   if (requested_unmaps_.empty() || capturing_) return {};
-  cudaEvent_t ev = nullptr;
-  if (auto e = cudaEventCreateWithFlags(&ev, cudaEventDisableTiming); e != cudaSuccess) {
-    return cuda_error(e, "cudaEventCreateWithFlags failed");
-  }
-  if (auto e = cudaEventRecord(ev, as_stream(stream_)); e != cudaSuccess) {
-    cudaEventDestroy(ev);
+  auto ev = take_event();
+  if (!ev) return std::move(ev).err();
+  // Behind the device's stream, which has joined every user's stream (see flush).
+  if (auto e = cudaEventRecord(as_event(*ev), as_stream(stream_)); e != cudaSuccess) {
+    give_event(*ev);
     return cuda_error(e, "cudaEventRecord failed");
   }
-  unmap_batch b{ev, {}};
+  unmap_batch b{*ev, next_batch_++, {}};
   b.units.reserve(requested_unmaps_.size());
   for (const auto& [id, k] : requested_unmaps_) {
     auto it = ranges_.find(id);
-    if (it == ranges_.end() || it->second.units[k].state != 2) continue;
-    it->second.units[k].state = 3;
+    if (it == ranges_.end() || it->second.units[k].state != unit_state::unmap_requested) continue;
+    it->second.units[k].state = unit_state::unmap_recorded;
+    it->second.units[k].batch = b.seq;
     b.units.emplace_back(id, k);
   }
   requested_unmaps_.clear();
@@ -519,14 +583,286 @@ void cuda_storage::release_range(memory::storage_id id) {
   auto it = ranges_.find(id);
   if (it == ranges_.end()) return;
   (void)bind_device();
-  cudaStreamSynchronize(as_stream(stream_));
-  (void)complete_unmaps(true);
+  // Everything still mapped is unmapped behind the work in flight; the addresses are freed once
+  // no unmap of theirs is pending. Nothing here waits for the GPU.
   range& r = it->second;
   for (std::uint64_t k = 0; k < r.units.size(); ++k) {
-    if (r.units[k].state != 0 && r.units[k].owner == k) release_mapping(r, k);
+    if (r.units[k].owner == k && r.units[k].state == unit_state::mapped) {
+      unmap(id, k * r.unit_size, r.units[k].count * r.unit_size);
+    }
+  }
+  if (!requested_unmaps_.empty() && !capturing_) {
+    (void)join_users();
+    (void)record_unmaps();
+  }
+  dying_ranges_.push_back(id);
+  (void)complete_unmaps(false);
+}
+
+void cuda_storage::free_range_now(memory::storage_id id) {
+  auto it = ranges_.find(id);
+  if (it == ranges_.end()) return;
+  range& r = it->second;
+  for (std::uint64_t k = 0; k < r.units.size(); ++k) {
+    if (r.units[k].state != unit_state::none && r.units[k].owner == k) release_mapping(r, k);
   }
   api_->address_free(r.base, r.size);
   ranges_.erase(it);
+}
+
+// ---- Streams and tickets ----
+
+void* cuda_storage::stream_of(memory::queue_id q) const noexcept {
+  switch (q) {
+    case memory::queue::none:
+    case memory::queue::device: return stream_;
+    // The per-thread default stream of a client is a blocking stream: the legacy stream waits for
+    // its work and it waits for the legacy stream's, so the legacy stream orders both ways.
+    case memory::queue::legacy:
+    case memory::queue::per_thread: return cudaStreamLegacy;
+    default: return reinterpret_cast<void*>(static_cast<std::uintptr_t>(q));  // NOLINT
+  }
+}
+
+result<void*> cuda_storage::take_event() {
+  if (!free_events_.empty()) {
+    void* ev = free_events_.back();
+    free_events_.pop_back();
+    return ev;
+  }
+  cudaEvent_t ev = nullptr;
+  if (auto e = cudaEventCreateWithFlags(&ev, cudaEventDisableTiming); e != cudaSuccess) {
+    return cuda_error(e, "cudaEventCreateWithFlags failed");
+  }
+  return static_cast<void*>(ev);
+}
+
+void cuda_storage::give_event(void* ev) noexcept { free_events_.push_back(ev); }
+
+cuda_storage::ticket_slot* cuda_storage::slot_of(memory::ticket t) noexcept {
+  const auto index = static_cast<std::uint32_t>(t & 0xffffffffU);
+  if (index == 0 || index > tickets_.size()) return nullptr;
+  ticket_slot& s = tickets_[index - 1];
+  if (!s.live || s.generation != static_cast<std::uint32_t>(t >> 32)) return nullptr;
+  return &s;
+}
+
+memory::ticket cuda_storage::new_ticket(void* ev) {
+  std::uint32_t index = 0;
+  if (!free_tickets_.empty()) {
+    index = free_tickets_.back();
+    free_tickets_.pop_back();
+  } else {
+    tickets_.emplace_back();
+    index = static_cast<std::uint32_t>(tickets_.size() - 1);
+  }
+  ticket_slot& s = tickets_[index];
+  s.event = ev;
+  s.staging = nullptr;
+  s.staging_size = 0;
+  s.dst = nullptr;
+  s.bytes = 0;
+  s.live = true;
+  ++s.generation;
+  return (static_cast<memory::ticket>(s.generation) << 32) | (index + 1);
+}
+
+void cuda_storage::finish_ticket(memory::ticket t) noexcept {
+  ticket_slot* s = slot_of(t);
+  if (s == nullptr) return;
+  if (s->staging != nullptr) {
+    if (s->dst != nullptr && s->bytes > 0) std::memcpy(s->dst, s->staging, s->bytes);
+    give_staging(staging_buffer{s->staging, s->staging_size});
+  }
+  give_event(s->event);
+  s->event = nullptr;
+  s->staging = nullptr;
+  s->dst = nullptr;
+  s->live = false;
+  free_tickets_.push_back(static_cast<std::uint32_t>(s - tickets_.data()));
+}
+
+result<memory::ticket> cuda_storage::mark(memory::queue_id q) {
+  if (capturing_ && stream_of(q) == stream_) {
+    // An event recorded now would become a node of the graph: the fence waits for the capture end.
+    return error::make(errc::capture_active, "no fence is recorded on the device's stream during a capture");
+  }
+  if (auto b = bind_device(); !b) return std::move(b).err();
+  auto ev = take_event();
+  if (!ev) return std::move(ev).err();
+  if (auto e = cudaEventRecord(as_event(*ev), as_stream(stream_of(q))); e != cudaSuccess) {
+    cudaGetLastError();
+    give_event(*ev);
+    return cuda_error(e, "cudaEventRecord failed (a stream destroyed while devrt memory was in use on it?)");
+  }
+  return new_ticket(*ev);
+}
+
+result<bool> cuda_storage::passed(memory::ticket t) {
+  ticket_slot* s = slot_of(t);
+  if (s == nullptr) return true;
+  const cudaError_t q = cudaEventQuery(as_event(s->event));
+  if (q == cudaErrorNotReady) return false;
+  finish_ticket(t);
+  if (q != cudaSuccess) {
+    cudaGetLastError();
+    return cuda_error(q, "cudaEventQuery failed");
+  }
+  return true;
+}
+
+result<void> cuda_storage::wait(memory::ticket t) {
+  ticket_slot* s = slot_of(t);
+  if (s == nullptr) return {};
+  ++gpu_waits_;
+  if (auto e = cudaEventSynchronize(as_event(s->event)); e != cudaSuccess) {
+    cudaGetLastError();
+    return cuda_error(e, "cudaEventSynchronize failed");
+  }
+  return {};
+}
+
+result<void> cuda_storage::join(memory::queue_id q, memory::ticket t) {
+  ticket_slot* s = slot_of(t);
+  if (s == nullptr) return {};
+  if (auto b = bind_device(); !b) return b;
+  const cudaError_t e = cudaStreamWaitEvent(as_stream(stream_of(q)), as_event(s->event), 0);
+  // The wait was enqueued with the event as it is now: the event may be recorded again at once.
+  finish_ticket(t);
+  if (e != cudaSuccess) {
+    cudaGetLastError();
+    return cuda_error(e, "cudaStreamWaitEvent failed");
+  }
+  return {};
+}
+
+void cuda_storage::use_queue(memory::queue_id q) {
+  if (q == memory::queue::device || q == memory::queue::none) return;
+  if (std::find(queues_.begin(), queues_.end(), q) != queues_.end()) return;
+  queues_.push_back(q);
+  // Pages and copies of the device's own stream may still be queued: the new stream waits for
+  // them once, so that it never sees memory the device's stream is still working on.
+  if (auto t = mark(memory::queue::device)) (void)join(q, *t);
+}
+
+void cuda_storage::retire_queue(memory::queue_id q) { std::erase(queues_, q); }
+
+result<void> cuda_storage::join_users() {
+  for (const memory::queue_id q : queues_) {
+    auto t = mark(q);
+    if (!t) return std::move(t).err();
+    if (auto j = join(memory::queue::device, *t); !j) return j;
+  }
+  return {};
+}
+
+result<cuda_storage::staging_buffer> cuda_storage::take_staging(std::uint64_t size) {
+  const std::uint64_t want = staging_class(size);
+  recycle_staging();
+  // The smallest free buffer that holds it.
+  std::size_t best = staging_free_.size();
+  for (std::size_t i = 0; i < staging_free_.size(); ++i) {
+    if (staging_free_[i].size >= want &&
+        (best == staging_free_.size() || staging_free_[i].size < staging_free_[best].size)) {
+      best = i;
+    }
+  }
+  if (best != staging_free_.size()) {
+    staging_buffer b = staging_free_[best];
+    staging_free_[best] = staging_free_.back();
+    staging_free_.pop_back();
+    return b;
+  }
+  void* p = nullptr;
+  if (auto e = cudaHostAlloc(&p, want, cudaHostAllocDefault); e != cudaSuccess) {
+    cudaGetLastError();
+    error err = cuda_error(e, "cudaHostAlloc (pinned staging memory) failed");
+    err.code = errc::out_of_memory;
+    err.size = want;
+    return err;
+  }
+  staging_bytes_ += want;
+  return staging_buffer{p, want};
+}
+
+void cuda_storage::give_staging(staging_buffer b) noexcept {
+  // Kept for the next copy; freeing pinned memory (cudaFreeHost) would synchronize the device, so
+  // buffers are kept until the storage goes away, up to what the pool holds.
+  try {
+    staging_free_.push_back(b);
+  } catch (...) {
+    cudaFreeHost(b.ptr);
+    staging_bytes_ -= b.size;
+  }
+}
+
+void cuda_storage::recycle_staging() noexcept {
+  for (std::size_t i = 0; i < staging_in_flight_.size();) {
+    ticket_slot* s = slot_of(staging_in_flight_[i].first);
+    if (s != nullptr && cudaEventQuery(as_event(s->event)) == cudaErrorNotReady) {
+      ++i;
+      continue;
+    }
+    finish_ticket(staging_in_flight_[i].first);
+    give_staging(staging_in_flight_[i].second);
+    staging_in_flight_[i] = staging_in_flight_.back();
+    staging_in_flight_.pop_back();
+  }
+}
+
+result<void> cuda_storage::write_on(const memory::storage_handle& h, const void* src, memory::queue_id q) {
+  auto r = get(h);
+  if (!r) return std::move(r).err();
+  if (auto b = bind_device(); !b) return b;
+  if (h.size == 0) return {};
+  cudaStream_t s = as_stream(stream_of(q));
+  if (h.size > max_staged) {
+    // Too large to stage: from pageable memory the driver stages it itself and may wait for the
+    // stream meanwhile.
+    if (auto e = cudaMemcpyAsync(r->ptr, src, h.size, cudaMemcpyHostToDevice, s); e != cudaSuccess) {
+      return cuda_error(e, "cudaMemcpyAsync (host to device) failed");
+    }
+    return {};
+  }
+  auto buf = take_staging(h.size);
+  if (!buf) return std::move(buf).err();
+  std::memcpy(buf->ptr, src, h.size);
+  if (auto e = cudaMemcpyAsync(r->ptr, buf->ptr, h.size, cudaMemcpyHostToDevice, s); e != cudaSuccess) {
+    give_staging(*buf);
+    return cuda_error(e, "cudaMemcpyAsync (host to device) failed");
+  }
+  auto t = mark(q);
+  if (!t) {
+    // Without an event the buffer cannot be known free: keep it out of the pool.
+    return std::move(t).err();
+  }
+  staging_in_flight_.emplace_back(*t, *buf);
+  return {};
+}
+
+result<memory::ticket> cuda_storage::read_async(const memory::storage_handle& h, void* dst, memory::queue_id q) {
+  auto r = get(h);
+  if (!r) return std::move(r).err();
+  if (auto b = bind_device(); !b) return std::move(b).err();
+  if (h.size == 0) return mark(q);
+  auto buf = take_staging(h.size);
+  if (!buf) return std::move(buf).err();
+  if (auto e = cudaMemcpyAsync(buf->ptr, r->ptr, h.size, cudaMemcpyDeviceToHost, as_stream(stream_of(q)));
+      e != cudaSuccess) {
+    give_staging(*buf);
+    return cuda_error(e, "cudaMemcpyAsync (device to host) failed");
+  }
+  auto t = mark(q);
+  if (!t) {
+    give_staging(*buf);
+    return std::move(t).err();
+  }
+  ticket_slot* s = slot_of(*t);
+  s->staging = buf->ptr;
+  s->staging_size = buf->size;
+  s->dst = dst;
+  s->bytes = h.size;
+  return *t;
 }
 
 }  // namespace devrt::devices

@@ -1,5 +1,6 @@
 #include "devrt/devices/sim_storage.hpp"
 
+#include <algorithm>
 #include <iterator>
 
 namespace devrt::devices {
@@ -223,6 +224,35 @@ void sim_storage::release_range(memory::storage_id id) {
     return;
   }
   pending_.push_back(id);
+}
+
+// ---- Simulated queues ----
+
+result<memory::ticket> sim_storage::mark(memory::queue_id /*q*/) {
+  if (!opts_.queues) return memory::ticket{0};
+  return ++issued_;
+}
+
+result<void> sim_storage::wait(memory::ticket t) noexcept {
+  ++waits_;
+  progress(t);
+  return {};
+}
+
+result<void> sim_storage::join(memory::queue_id /*q*/, memory::ticket /*t*/) noexcept {
+  ++joins_;
+  return {};
+}
+
+void sim_storage::use_queue(memory::queue_id q) {
+  if (std::find(queues_.begin(), queues_.end(), q) == queues_.end()) queues_.push_back(q);
+}
+
+void sim_storage::retire_queue(memory::queue_id q) { std::erase(queues_, q); }
+
+result<memory::ticket> sim_storage::read_async(const memory::storage_handle& h, void* dst, memory::queue_id q) {
+  if (auto r = read(h, dst); !r) return std::move(r).err();
+  return mark(q);
 }
 
 }  // namespace devrt::devices

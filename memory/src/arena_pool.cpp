@@ -3,6 +3,8 @@
 #include <fmt/format.h>
 #include <algorithm>
 
+#include "devrt/memory/stream_order.hpp"
+
 namespace devrt::memory {
 
 arena_pool::arena_pool(const pool_options& opts, std::uint64_t alignment, std::uint8_t pool_index)
@@ -157,94 +159,251 @@ result<void> arena_pool::map_granules(pool_context& ctx, std::uint64_t first, st
   return {};
 }
 
+arena_pool::slice_node* arena_pool::best_fit(std::uint64_t extent, queue_id tag) {
+  slice_node* best = nullptr;
+  if (tag != queue::none && tagged_ > 0) {
+    auto it = tree_.lower_bound(extent_key{tag, extent}, key_fit{});
+    if (it != tree_.end() && it->tag == tag) best = &*it;
+  }
+  auto it = tree_.lower_bound(extent_key{queue::none, extent}, key_fit{});
+  if (it != tree_.end() && it->tag == queue::none && (best == nullptr || it->extent < best->extent)) best = &*it;
+  return best;
+}
+
 result<detail::descriptor*> arena_pool::alloc(pool_context& ctx, std::uint64_t size) {
   if (range_ == 0) {
     if (auto r = reserve_range(ctx); !r) return std::move(r).err();
   }
   const std::uint64_t extent = slice_extent(size, alignment_);
-  auto it = tree_.lower_bound(extent_key{extent}, key_fit{});
-  if (it == tree_.end()) {
-    error e = error::make(errc::pool_capacity_exceeded, "no hole in the arena's address range is large enough");
-    e.size = size;
-    e.limit = space_;
-    e.in_use = usage_.bytes_in_use;
-    return e;
-  }
-  slice_node& s = *it;
-  const std::uint64_t first = s.offset / granule_;
-  const std::uint64_t last = (s.offset + extent - 1) / granule_;
-  if (last >= granules_.size()) {
-    // Past the highest address used so far: grow the granule states (amortized, at most once per
-    // doubling; the steady state allocates nothing).
-    const std::uint64_t total = space_ / granule_;
-    granules_.resize(std::min(total, std::max<std::uint64_t>(last + 1, 2 * granules_.size())));
-  }
-  // Free mappings under the slice leave the free list: they are about to be used, and must not be
-  // the ones unmapped to make room. Count the granules without memory.
-  std::uint64_t missing = 0;
-  for (std::uint64_t g = first; g <= last;) {
-    const std::uint32_t m = granules_[g].mapping;
-    if (m == npos) {
-      ++missing;
-      ++g;
-      continue;
+  for (bool harvested = false;; harvested = true) {
+    slice_node* found = best_fit(extent, ctx.reserve_queue);
+    if (found == nullptr) {
+      // Tagged memory of other streams may be free for all by now.
+      if (!harvested && tagged_ > 0 && harvest(ctx, true)) continue;
+      error e = error::make(errc::pool_capacity_exceeded, "no hole in the arena's address range is large enough");
+      e.size = size;
+      e.limit = space_;
+      e.in_use = usage_.bytes_in_use;
+      return e;
     }
-    if (mappings_[m].listed) unlink_free(m);
-    g = mappings_[m].first + mappings_[m].count;
-  }
-  // Memory to map: first give back as much free memory elsewhere, oldest first, so the memory held
-  // does not grow while free memory sits in holes.
-  if (missing > 0) {
-    evict(ctx, missing);
-    if (auto r = map_granules(ctx, first, last, s.offset + extent, size); !r) {
-      // The free mappings taken off the list go back on it.
-      for (std::uint64_t g = first; g <= last;) {
-        const std::uint32_t m = granules_[g].mapping;
-        if (m == npos) {
-          ++g;
-          continue;
-        }
-        if (mappings_[m].used == 0 && !mappings_[m].listed) push_free(m);
-        g = mappings_[m].first + mappings_[m].count;
+    slice_node& s = *found;
+    if (s.tag != queue::none) {
+      // Freed on this very stream: stream order makes it safe at once, and its memory is mapped.
+      slice_node& live = take(ctx, s, extent, size);
+      return live.desc;
+    }
+    const std::uint64_t first = s.offset / granule_;
+    const std::uint64_t last = (s.offset + extent - 1) / granule_;
+    if (last >= granules_.size()) {
+      // Past the highest address used so far: grow the granule states (amortized, at most once per
+      // doubling; the steady state allocates nothing).
+      const std::uint64_t total = space_ / granule_;
+      granules_.resize(std::min(total, std::max<std::uint64_t>(last + 1, 2 * granules_.size())));
+    }
+    std::uint64_t missing = 0;
+    for (std::uint64_t g = first; g <= last;) {
+      const std::uint32_t m = granules_[g].mapping;
+      if (m == npos) {
+        ++missing;
+        ++g;
+        continue;
       }
-      if (opts_.slack) trim(ctx, *opts_.slack);
-      return std::move(r).err();
+      g = mappings_[m].first + mappings_[m].count;
     }
+    // New memory would be mapped: first let memory freed on other streams join the free space if
+    // their fences have passed (no wait), and look again.
+    if (missing > 0 && !harvested && tagged_ > 0 && harvest(ctx, true)) continue;
+    // Free mappings under the slice leave the free list: they are about to be used, and must not
+    // be the ones unmapped to make room.
+    for (std::uint64_t g = first; g <= last;) {
+      const std::uint32_t m = granules_[g].mapping;
+      if (m == npos) {
+        ++g;
+        continue;
+      }
+      if (mappings_[m].listed) unlink_free(m);
+      g = mappings_[m].first + mappings_[m].count;
+    }
+    // Memory to map: first give back as much free memory elsewhere, oldest first, so the memory
+    // held does not grow while free memory sits in holes.
+    if (missing > 0) {
+      evict(ctx, missing);
+      if (auto r = map_granules(ctx, first, last, s.offset + extent, size); !r) {
+        // The free mappings taken off the list go back on it.
+        for (std::uint64_t g = first; g <= last;) {
+          const std::uint32_t m = granules_[g].mapping;
+          if (m == npos) {
+            ++g;
+            continue;
+          }
+          if (mappings_[m].used == 0 && !mappings_[m].listed) push_free(m);
+          g = mappings_[m].first + mappings_[m].count;
+        }
+        if (opts_.slack) trim(ctx, *opts_.slack);
+        return std::move(r).err();
+      }
+    }
+    return take(ctx, s, extent, size).desc;
   }
+}
 
+arena_pool::slice_node& arena_pool::take(pool_context& ctx, slice_node& s, std::uint64_t extent, std::uint64_t size) {
+  const bool tagged = s.tag != queue::none;
+  if (tagged) unuse_mappings(s);  // counted again below, as the live slice and the remainder
   tree_.erase(tree_.iterator_to(s));
+  const std::uint32_t self = s.self;
+  std::uint32_t rest_slot = npos;
   if (s.extent > extent) {
-    const std::uint32_t self = s.self;
-    const std::uint32_t r = new_slot();  // may grow the deque: references stay valid
+    rest_slot = new_slot();  // may grow the deque: references stay valid
     slice_node& cur = slots_[self];
-    slice_node& rest = slots_[r];
+    slice_node& rest = slots_[rest_slot];
     rest.offset = cur.offset + extent;
     rest.extent = cur.extent - extent;
     rest.prev = self;
     rest.next = cur.next;
-    if (cur.next != npos) slots_[cur.next].prev = r;
-    cur.next = r;
+    rest.tag = cur.tag;
+    rest.epoch = cur.epoch;
+    if (cur.next != npos) slots_[cur.next].prev = rest_slot;
+    cur.next = rest_slot;
     cur.extent = extent;
+    // The remainder keeps the slice's place on its tag list: the list stays in epoch order.
+    if (tagged) tag_insert_after(self, rest_slot);
     tree_.insert(rest);
   }
+  slice_node& live = slots_[self];
+  if (tagged) {
+    tag_unlink(self);
+    --tagged_;  // the live part leaves; the remainder (if any) was counted by tag_insert_after
+    if (rest_slot != npos) use_mappings(slots_[rest_slot]);
+  }
+  live.tag = queue::none;
+  live.epoch = 0;
   // One more live slice on each mapping under it: one step per mapping, not per granule.
+  use_mappings(live);
+  live.free = false;
+  live.size = size;
+  live.cursor = 0;
+  live.desc = ctx.attach_new(loc_of(self));
+  usage_.number_allocs += 1;
+  usage_.bytes_in_use += size;
+  usage_.bytes_padding += live.extent - size;
+  ctx.add_in_use(size);
+  return live;
+}
+
+void arena_pool::use_mappings(const slice_node& s) {
+  const std::uint64_t first = s.offset / granule_;
+  const std::uint64_t last = (s.offset + s.extent - 1) / granule_;
   for (std::uint64_t g = first; g <= last;) {
     mapping_state& m = mappings_[granules_[g].mapping];
+    if (m.listed) unlink_free(granules_[g].mapping);
     ++m.used;
     g = m.first + m.count;
   }
-  s.free = false;
-  s.size = size;
-  s.cursor = 0;
-  s.desc = ctx.attach_new(loc_of(s.self));
-  usage_.number_allocs += 1;
-  usage_.bytes_in_use += size;
-  usage_.bytes_padding += s.extent - size;
-  ctx.add_in_use(size);
-  return s.desc;
 }
 
-void arena_pool::release(pool_context& ctx, const location& loc) {
+void arena_pool::unuse_mappings(const slice_node& s) {
+  const std::uint64_t first = s.offset / granule_;
+  const std::uint64_t last = (s.offset + s.extent - 1) / granule_;
+  for (std::uint64_t g = first; g <= last;) {
+    const std::uint32_t m = granules_[g].mapping;
+    if (--mappings_[m].used == 0) push_free(m);
+    g = mappings_[m].first + mappings_[m].count;
+  }
+}
+
+arena_pool::tag_list& arena_pool::list_of(queue_id tag) {
+  for (auto& l : tags_) {
+    if (l.tag == tag) return l;
+  }
+  for (auto& l : tags_) {
+    if (l.head == npos) {
+      l.tag = tag;
+      return l;
+    }
+  }
+  tags_.push_back(tag_list{tag, npos, npos});
+  return tags_.back();
+}
+
+void arena_pool::tag_append(std::uint32_t slot) {
+  slice_node& s = slots_[slot];
+  tag_list& l = list_of(s.tag);
+  s.tag_prev = l.tail;
+  s.tag_next = npos;
+  if (l.tail != npos) {
+    slots_[l.tail].tag_next = slot;
+  } else {
+    l.head = slot;
+  }
+  l.tail = slot;
+  ++tagged_;
+}
+
+void arena_pool::tag_insert_after(std::uint32_t at, std::uint32_t slot) {
+  slice_node& a = slots_[at];
+  slice_node& s = slots_[slot];
+  tag_list& l = list_of(a.tag);
+  s.tag_prev = at;
+  s.tag_next = a.tag_next;
+  if (a.tag_next != npos) {
+    slots_[a.tag_next].tag_prev = slot;
+  } else {
+    l.tail = slot;
+  }
+  a.tag_next = slot;
+  ++tagged_;
+}
+
+void arena_pool::tag_unlink(std::uint32_t slot) {
+  slice_node& s = slots_[slot];
+  tag_list& l = list_of(s.tag);
+  if (s.tag_prev != npos) {
+    slots_[s.tag_prev].tag_next = s.tag_next;
+  } else {
+    l.head = s.tag_next;
+  }
+  if (s.tag_next != npos) {
+    slots_[s.tag_next].tag_prev = s.tag_prev;
+  } else {
+    l.tail = s.tag_prev;
+  }
+  s.tag_prev = s.tag_next = npos;
+}
+
+std::uint32_t arena_pool::merge_free(std::uint32_t slot) {
+  slice_node* s = &slots_[slot];
+  const queue_id tag = s->tag;
+  auto absorb = [&](slice_node& n) {
+    tree_.erase(tree_.iterator_to(n));
+    if (tag != queue::none) {
+      tag_unlink(n.self);
+      --tagged_;
+      unuse_mappings(n);
+    }
+  };
+  if (s->prev != npos && slots_[s->prev].free && slots_[s->prev].tag == tag) {
+    slice_node& p = slots_[s->prev];
+    absorb(p);
+    p.extent += s->extent;
+    p.next = s->next;
+    if (s->next != npos) slots_[s->next].prev = p.self;
+    free_slot(slot);
+    s = &p;
+    slot = p.self;
+  }
+  if (s->next != npos && slots_[s->next].free && slots_[s->next].tag == tag) {
+    slice_node& n = slots_[s->next];
+    absorb(n);
+    s->extent += n.extent;
+    s->next = n.next;
+    if (n.next != npos) slots_[n.next].prev = slot;
+    free_slot(n.self);
+  }
+  return slot;
+}
+
+void arena_pool::release(pool_context& ctx, const location& loc, queue_id tag, std::uint64_t epoch) {
   std::uint32_t slot = loc.slice;
   slice_node* s = &slots_[slot];
   ctx.detach(s->desc);
@@ -255,33 +414,53 @@ void arena_pool::release(pool_context& ctx, const location& loc) {
   usage_.bytes_padding -= s->extent - s->size;
   ctx.sub_in_use(s->size);
   s->size = 0;
-  const std::uint64_t first = s->offset / granule_;
-  const std::uint64_t last = (s->offset + s->extent - 1) / granule_;
-  for (std::uint64_t g = first; g <= last;) {
-    const std::uint32_t m = granules_[g].mapping;
-    if (--mappings_[m].used == 0) push_free(m);
-    g = mappings_[m].first + mappings_[m].count;
+  s->tag = tag;
+  s->epoch = epoch;
+  if (tag == queue::none) {
+    unuse_mappings(*s);
+    slot = merge_free(slot);
+  } else {
+    // Still counted on its mappings: the stream may be using the memory. The merged slice counts
+    // once, with the newest epoch (this free's).
+    unuse_mappings(*s);
+    slot = merge_free(slot);
+    slots_[slot].epoch = epoch;
+    use_mappings(slots_[slot]);
+    tag_append(slot);
   }
-  if (s->prev != npos && slots_[s->prev].free) {
-    slice_node& p = slots_[s->prev];
-    tree_.erase(tree_.iterator_to(p));
-    p.extent += s->extent;
-    p.next = s->next;
-    if (s->next != npos) slots_[s->next].prev = p.self;
-    free_slot(slot);
-    s = &p;
-    slot = p.self;
+  tree_.insert(slots_[slot]);
+  if (opts_.slack && tag == queue::none) trim(ctx, *opts_.slack);
+}
+
+void arena_pool::untag(pool_context& ctx, std::uint32_t slot) {
+  slice_node& s = slots_[slot];
+  tag_unlink(slot);
+  --tagged_;
+  tree_.erase(tree_.iterator_to(s));
+  unuse_mappings(s);
+  s.tag = queue::none;
+  s.epoch = 0;
+  slot = merge_free(slot);
+  tree_.insert(slots_[slot]);
+  (void)ctx;
+}
+
+bool arena_pool::harvest(pool_context& ctx, bool poll) {
+  if (tagged_ == 0 || ctx.order == nullptr) return false;
+  if (poll) ctx.order->poll();
+  bool changed = false;
+  for (std::size_t i = 0; i < tags_.size(); ++i) {
+    const queue_id tag = tags_[i].tag;
+    if (tags_[i].head == npos) continue;
+    const std::uint64_t done = ctx.order->done(tag);
+    // untag may merge list members away, but never the head's successors out of epoch order.
+    while (tags_[i].head != npos && slots_[tags_[i].head].epoch <= done) {
+      untag(ctx, tags_[i].head);
+      changed = true;
+    }
   }
-  if (s->next != npos && slots_[s->next].free) {
-    slice_node& n = slots_[s->next];
-    tree_.erase(tree_.iterator_to(n));
-    s->extent += n.extent;
-    s->next = n.next;
-    if (n.next != npos) slots_[n.next].prev = slot;
-    free_slot(n.self);
-  }
-  tree_.insert(*s);
-  if (opts_.slack) trim(ctx, *opts_.slack);
+  if (changed && opts_.slack) trim(ctx, *opts_.slack);
+  return changed;
 }
 
 result<slice_view> arena_pool::find(const detail::descriptor* d) const {
@@ -332,6 +511,8 @@ void arena_pool::release_all(pool_context& ctx) {
   mappings_.clear();
   oldest_free_ = newest_free_ = npos;
   mapped_ = free_mapped_ = 0;
+  tags_.clear();
+  tagged_ = 0;
   usage_ = memory_usage{};
 }
 
@@ -372,6 +553,8 @@ std::string arena_pool::check_invariants() const {
       k = i;
     }
   }
+  std::uint64_t tagged_seen = 0;
+  queue_id prev_tag = queue::none;
   for (; k != npos; k = slots_[k].next) {
     const slice_node& s = slots_[k];
     if (!s.in_use_slot || s.self != k) return fmt::format("arena {}: slot {} is linked but unused", index_, k);
@@ -385,11 +568,14 @@ std::string arena_pool::check_invariants() const {
                          alignment_);
     }
     if (s.free) {
-      if (prev_free) return fmt::format("arena {}: two adjacent free slices not merged at {}", index_, s.offset);
+      if (prev_free && prev_tag == s.tag) {
+        return fmt::format("arena {}: two adjacent free slices of one tag not merged at {}", index_, s.offset);
+      }
       if (s.desc != nullptr || !s.is_linked()) {
         return fmt::format("arena {}: free slice {} has a descriptor or is missing from the tree", index_, k);
       }
       ++free_count;
+      if (s.tag != queue::none) ++tagged_seen;
     } else {
       if (s.is_linked() || s.desc == nullptr) {
         return fmt::format("arena {}: live slice {} is in the tree or has no descriptor", index_, k);
@@ -399,7 +585,12 @@ std::string arena_pool::check_invariants() const {
         return fmt::format("arena {}: descriptor of slice {} is detached or points elsewhere", index_, k);
       }
       if (s.size > s.extent) return fmt::format("arena {}: slice {} size exceeds its extent", index_, k);
-      // Count the slice once per mapping it overlaps.
+      sum.number_allocs += 1;
+      sum.bytes_in_use += s.size;
+      sum.bytes_padding += s.extent - s.size;
+    }
+    if (!s.free || s.tag != queue::none) {
+      // Count the live or tagged slice once per mapping it overlaps.
       std::uint32_t last_mapping = npos;
       for (std::uint64_t g = s.offset / granule_; g <= (s.offset + s.extent - 1) / granule_; ++g) {
         ++live[g];
@@ -407,13 +598,32 @@ std::string arena_pool::check_invariants() const {
         if (m != npos && m != last_mapping && m < slices_on.size()) ++slices_on[m];
         last_mapping = m;
       }
-      sum.number_allocs += 1;
-      sum.bytes_in_use += s.size;
-      sum.bytes_padding += s.extent - s.size;
     }
     prev_free = s.free;
+    prev_tag = s.tag;
     prev = k;
     expect += s.extent;
+  }
+  std::uint64_t listed_tagged = 0;
+  for (const auto& l : tags_) {
+    std::uint32_t before = npos;
+    std::uint64_t last_epoch = 0;
+    for (std::uint32_t t = l.head; t != npos; t = slots_[t].tag_next) {
+      const slice_node& s = slots_[t];
+      if (!s.in_use_slot || !s.free || s.tag != l.tag || s.tag_prev != before) {
+        return fmt::format("arena {}: the tag list of stream {:#x} is broken at slot {}", index_, l.tag, t);
+      }
+      if (s.epoch < last_epoch)
+        return fmt::format("arena {}: tag list of stream {:#x} out of epoch order", index_, l.tag);
+      last_epoch = s.epoch;
+      before = t;
+      if (++listed_tagged > slots_.size()) return fmt::format("arena {}: a tag list has a cycle", index_);
+    }
+    if (l.tail != before) return fmt::format("arena {}: the tag list of stream {:#x} has a wrong tail", index_, l.tag);
+  }
+  if (tagged_seen != tagged_ || listed_tagged != tagged_) {
+    return fmt::format("arena {}: {} tagged free slices, {} listed, counted as {}", index_, tagged_seen, listed_tagged,
+                       tagged_);
   }
   if (expect != space_) return fmt::format("arena {}: slices cover {} of {} bytes", index_, expect, space_);
   if (free_count != tree_.size()) {

@@ -126,6 +126,9 @@ descriptor* descriptor::create() {
     d->loc = location{};
     d->queue = nullptr;
     d->next_released = nullptr;
+    d->place(nullptr, 0);
+    d->stream = queue::device;
+    d->more_streams = false;
   } else {
     d = new descriptor();
   }

@@ -1,7 +1,9 @@
 #include "devrt/memory/memory_manager.hpp"
 
 #include <fmt/format.h>
+#include <algorithm>
 #include <thread>
+#include <type_traits>
 
 namespace devrt::memory {
 
@@ -28,7 +30,8 @@ memory_manager::memory_manager(storage store, manager_options opts)
     : store_(std::move(store)),
       opts_(std::move(opts)),
       props_(store_.properties()),
-      ctx_{store_, stats_, queue_},
+      order_(store_),
+      ctx_{store_, stats_, queue_, 0, &order_, queue::none},
       persistent_(store_.alignment()) {
   layout_ = resolve_or_throw(opts_.layout, props_);
   build_pools(layout_);
@@ -44,6 +47,11 @@ result<std::unique_ptr<memory_manager>> memory_manager::create(storage store, ma
 
 memory_manager::~memory_manager() {
   process_releases();
+  // The storage orders its teardown after the device's work: held slices go back as they are.
+  order_.release_all([this](detail::descriptor* d) {
+    stats_.bytes_in_use += d->bytes.load(std::memory_order_relaxed);
+    release_to_pool(d, queue::none);
+  });
   ctx_.detached_in_flight = 0;
   release_pools();
   persistent_.release_all(ctx_);
@@ -94,12 +102,100 @@ void memory_manager::release_one(detail::descriptor* d) {
     return;
   }
   if (detail::descriptor::total(now) != 1) return;  // referenced again since the drop
+  if (order_.ordered() && (order_.several() || d->more_streams)) {
+    const queue_id own = d->stream;
+    const bool arena = d->loc.pool != location::persistent_pool &&
+                       std::holds_alternative<std::unique_ptr<arena_pool>>(pools_[d->loc.pool]);
+    if (!d->more_streams && arena && queue::reusable_in_order(own)) {
+      // Free at once for its own stream, for the others once the stream's fence has passed.
+      order_.freed_on(own);
+      release_to_pool(d, own);
+      return;
+    }
+    stream_set streams{own};
+    if (d->more_streams) {
+      auto it = more_streams_.find(d);
+      if (it != more_streams_.end()) {
+        for (const queue_id q : it->second) streams.push_back(q);
+        more_streams_.erase(it);
+      }
+      d->more_streams = false;
+    }
+    // Kept live in its pool until every stream's fence has passed; no longer in use for the user.
+    stats_.bytes_in_use -= d->bytes.load(std::memory_order_relaxed);
+    order_.hold(d, streams);
+    return;
+  }
+  if (d->more_streams) {
+    more_streams_.erase(d);
+    d->more_streams = false;
+  }
+  release_to_pool(d, queue::none);
+}
+
+void memory_manager::release_to_pool(detail::descriptor* d, queue_id tag) {
   const location loc = d->loc;
   if (loc.pool == location::persistent_pool) {
     persistent_.release(ctx_, loc);
   } else {
-    visit_pool(pools_[loc.pool], [&](auto& pool) { pool.release(ctx_, loc); });
+    visit_pool(pools_[loc.pool], [&](auto& pool) {
+      if constexpr (std::is_same_v<std::decay_t<decltype(pool)>, arena_pool>) {
+        pool.release(ctx_, loc, tag, order_.epoch());
+      } else {
+        pool.release(ctx_, loc);
+      }
+    });
   }
+}
+
+void memory_manager::harvest() {
+  order_.release_ready([this](detail::descriptor* d) {
+    const std::uint64_t bytes = d->bytes.load(std::memory_order_relaxed);
+    stats_.bytes_in_use += bytes;  // the pool's release takes it off again
+    if (detail::descriptor::total(d->state.load(std::memory_order_acquire)) != 1) return;  // pinned again
+    release_to_pool(d, queue::none);
+  });
+  for (auto& p : pools_) {
+    if (auto* a = std::get_if<std::unique_ptr<arena_pool>>(&p)) (*a)->harvest(ctx_, false);
+  }
+}
+
+void memory_manager::publish(detail::descriptor* d, std::uint64_t size, queue_id q) {
+  d->stream = q;
+  void* ptr = nullptr;
+  if (auto v = find(d)) {
+    if (auto r = store_.get(v->storage)) ptr = r->ptr;
+  }
+  d->place(ptr, size);
+}
+
+result<void> memory_manager::record_stream(const memory_binding& b, queue_id q) {
+  process_releases();
+  detail::descriptor* d = b.raw();
+  if (auto v = find(d); !v) return std::move(v).err();
+  if (q == queue::none) q = queue::device;
+  if (!order_.ordered() || q == d->stream) return {};
+  if (auto u = order_.use(q); !u) return u;
+  stream_set& more = more_streams_[d];
+  if (std::find(more.begin(), more.end(), q) == more.end()) more.push_back(q);
+  d->more_streams = true;
+  return {};
+}
+
+result<void> memory_manager::retire_stream(queue_id q) {
+  process_releases();
+  return order_.retire(q);
+}
+
+result<void> memory_manager::end_batch() {
+  process_releases();
+  result<void> out;
+  if (order_.ordered()) {
+    out = order_.fence();
+    if (order_.poll()) harvest();
+  }
+  if (auto f = flush(); !f && out) out = std::move(f);
+  return out;
 }
 
 void memory_manager::process_releases() {
@@ -125,8 +221,29 @@ result<memory_handle> memory_manager::reserve_persistent(std::uint64_t size) {
   return memory_handle::adopt(*r);
 }
 
-result<memory_handle> memory_manager::reserve(std::uint64_t size) {
+result<memory_handle> memory_manager::reserve(std::uint64_t size, queue_id q) {
+  if (q == queue::none) q = queue::device;
   process_releases();
+  if (order_.ordered()) {
+    if (auto u = order_.use(q); !u) {
+      ++stats_.failed_reserves;
+      return std::move(u).err();
+    }
+    ctx_.reserve_queue = order_.several() && queue::reusable_in_order(q) ? q : queue::none;
+  }
+  auto r = reserve_on(size);
+  if (!r && r.code() == errc::out_of_memory && order_.pending()) {
+    // Memory pressure: wait for the streams' fences (counted), free what they held, try again.
+    --stats_.failed_reserves;
+    order_.wait_all();
+    harvest();
+    r = reserve_on(size);
+  }
+  if (r) publish(r->raw(), size, q);
+  return r;
+}
+
+result<memory_handle> memory_manager::reserve_on(std::uint64_t size) {
   const std::uint64_t limit = props_.capacity != 0 ? props_.capacity : max_reserve_size;
   if (size > limit) {
     // Also keeps every size far from overflow when it is rounded to the alignment.
@@ -195,8 +312,17 @@ result<void> memory_manager::bind(memory_handle reserved,  // NOLINT(performance
   auto view = find(dr);
   if (!view) return std::move(view).err();
   const std::uint8_t pool = dr->loc.pool;
-  if (pool == location::persistent_pool) return persistent_.bind(ctx_, dr, da, cursor);
-  return visit_pool(pools_[pool], [&](auto& p) { return p.bind(ctx_, dr, da, cursor); });
+  void* const ptr = dr->address.load(std::memory_order_relaxed);
+  const std::uint64_t bytes = dr->bytes.load(std::memory_order_relaxed);
+  const queue_id stream = dr->stream;
+  auto r = pool == location::persistent_pool
+               ? persistent_.bind(ctx_, dr, da, cursor)
+               : visit_pool(pools_[pool], [&](auto& p) { return p.bind(ctx_, dr, da, cursor); });
+  if (r) {
+    da->stream = stream;
+    da->place(ptr, bytes);
+  }
+  return r;
 }
 
 result<std::uint64_t> memory_manager::get_cursor(const memory_binding& b) {
@@ -263,7 +389,12 @@ result<resource> memory_manager::get_resource(const memory_handle& h, std::optio
 result<void> memory_manager::cleanup(bool explicit_cleanup) {
   process_releases();
   if (capture_) return {};  // the open window may still use every slice
-  if (explicit_cleanup) ++stats_.cleanups;
+  if (explicit_cleanup) {
+    ++stats_.cleanups;
+    // An explicit cleanup returns everything unused: memory still fenced behind a stream is
+    // waited for (counted), since it is not the normal path.
+    if (order_.wait_all()) harvest();
+  }
   persistent_.cleanup(ctx_, explicit_cleanup);
   for (auto& p : pools_) {
     visit_pool(p, [&](auto& pool) {
@@ -298,6 +429,9 @@ memory_usage memory_manager::dynamic_usage() const noexcept {
 
 const memory_statistics& memory_manager::statistics() {
   process_releases();
+  stats_.stream_waits = order_.waits();
+  stats_.fences = order_.fences();
+  stats_.streams = order_.stream_count();
   return stats_;
 }
 
@@ -395,8 +529,9 @@ std::string memory_manager::check_invariants() {
     if (!problem.empty()) return problem;
     total += visit_pool(p, [](const auto& pool) { return pool.usage(); });
   }
-  if (total.bytes_in_use != stats_.bytes_in_use) {
-    return fmt::format("statistics count {} bytes in use, the pools {}", stats_.bytes_in_use, total.bytes_in_use);
+  if (total.bytes_in_use != stats_.bytes_in_use + order_.held_bytes()) {
+    return fmt::format("statistics count {} bytes in use and {} held for streams, the pools {}", stats_.bytes_in_use,
+                       order_.held_bytes(), total.bytes_in_use);
   }
   if (total.bytes_reserved != stats_.bytes_reserved) {
     return fmt::format("statistics count {} bytes reserved, the pools {}", stats_.bytes_reserved, total.bytes_reserved);

@@ -21,18 +21,18 @@ actor_core::actor_core(std::unique_ptr<memory::memory_manager> manager, std::sha
                        device_info info)
     : manager_(std::move(manager)), log_(std::move(log)), info_(std::move(info)) {}
 
-result<memory::memory_handle> actor_core::reserve(std::uint64_t size) {
-  auto r = manager_->reserve(size);
+result<memory::memory_handle> actor_core::reserve(std::uint64_t size, memory::queue_id q) {
+  auto r = manager_->reserve(size, q);
   if (r || r.code() != errc::out_of_memory) return r;
   SPDLOG_LOGGER_INFO(log_, "[{}] out of memory reserving {} bytes; reclaiming and retrying once", info_.name, size);
   if (auto c = manager_->reclaim(); !c) return std::move(c).err();
-  r = manager_->reserve(size);
+  r = manager_->reserve(size, q);
   if (!r) SPDLOG_LOGGER_INFO(log_, "[{}] {}", info_.name, r.err().message());
   return r;
 }
 
-void actor_core::create(std::uint64_t size, const memory::memory_handle& handle) {
-  auto r = reserve(size);
+void actor_core::create(std::uint64_t size, const memory::memory_handle& handle, memory::queue_id q) {
+  auto r = reserve(size, q);
   if (r) {
     auto b = manager_->bind(std::move(*r), handle);
     if (b) return;
@@ -75,13 +75,26 @@ result<void> actor_core::write(const memory::memory_binding& b, const void* src,
     e.limit = s->size;
     return e;
   }
-  return manager_->backing_storage().write(s->offset_end(s->size - size), src);
+  return manager_->backing_storage().write_on(s->offset_end(s->size - size), src, b.raw()->stream);
 }
 
 result<void> actor_core::read(const memory::memory_binding& b, void* dst, std::uint64_t size) {
   auto s = manager_->get_storage(b);
   if (!s) return explain(s.err(), b.id());
   return manager_->backing_storage().read(s->offset_end(s->size - size), dst);
+}
+
+result<memory::ticket> actor_core::read_async(const memory::memory_binding& b, void* dst, std::uint64_t size) {
+  auto s = manager_->get_storage(b);
+  if (!s) return explain(s.err(), b.id());
+  return manager_->backing_storage().read_async(s->offset_end(s->size - size), dst, b.raw()->stream);
+}
+
+result<void> actor_core::use_on_device_stream(const memory::memory_binding& b) {
+  if (!manager_->backing_storage().ordered() || b.raw() == nullptr || b.raw()->stream == memory::queue::device) {
+    return {};
+  }
+  return manager_->record_stream(b, memory::queue::device);
 }
 
 result<void> actor_core::capture_begin() {
@@ -118,6 +131,44 @@ void actor_core::exit_persistent() {
   if (persistent_depth_ > 0 && --persistent_depth_ == 0) manager_->mode(memory::allocation_mode::automatic);
 }
 
+void actor_core::park(memory::ticket t, message then) {
+  if (t == 0) {
+    then.run(*this);
+    return;
+  }
+  parked_.emplace_back(t, std::move(then));
+}
+
+bool actor_core::poll_parked() {
+  auto& store = manager_->backing_storage();
+  for (std::size_t i = 0; i < parked_.size();) {
+    auto r = store.passed(parked_[i].first);
+    if (r && !*r) {
+      ++i;
+      continue;
+    }
+    message m = std::move(parked_[i].second);
+    parked_[i] = std::move(parked_.back());
+    parked_.pop_back();
+    try {
+      if (r) {
+        m.run(*this);
+      } else {
+        m.abort(r.err());
+      }
+    } catch (...) {
+      // Messages complete their own errors; nothing may escape the strand.
+    }
+  }
+  return !parked_.empty();
+}
+
+void actor_core::finish_parked() noexcept {
+  auto& store = manager_->backing_storage();
+  for (auto& [t, m] : parked_) (void)store.wait(t);
+  while (!parked_.empty()) poll_parked();
+}
+
 // ---- device_actor ----
 
 device_actor::device_actor(device_info info, std::unique_ptr<memory::memory_manager> manager,
@@ -129,7 +180,8 @@ device_actor::device_actor(device_info info, std::unique_ptr<memory::memory_mana
       completions_(std::move(completions)),
       log_(log),
       idle_spin_(idle_spin),
-      core_(std::make_unique<actor_core>(std::move(manager), std::move(log), info_)) {
+      core_(std::make_unique<actor_core>(std::move(manager), std::move(log), info_)),
+      poll_timer_(strand_) {
   thread_ = std::thread([this] { io_.run(); });
   SPDLOG_LOGGER_INFO(log_, "[{}] memory actor started: {}", info_.name, core_->manager().report());
 }
@@ -161,6 +213,7 @@ void device_actor::drain() {
       if (!mailbox_.take(batch_, /*go_idle=*/false)) {
         after_batch();
         if (!spin_for_messages() && !mailbox_.take(batch_)) {
+          if (core_->parked()) arm_poll();
           return;  // the mailbox is idle; the next push schedules a drain
         }
       }
@@ -179,6 +232,23 @@ void device_actor::drain() {
   boost::asio::defer(strand_, [self = shared_from_this()] { self->drain(); });
 }
 
+void device_actor::arm_poll() {
+  if (poll_armed_ || stopped_.load(std::memory_order_relaxed)) return;
+  poll_armed_ = true;
+  poll_timer_.expires_after(poll_delay_);
+  poll_timer_.async_wait([self = shared_from_this()](const boost::system::error_code& ec) {
+    self->poll_armed_ = false;
+    if (ec || self->core_ == nullptr) return;
+    if (self->core_->poll_parked()) {
+      self->poll_delay_ = std::min(self->poll_delay_ * 2, std::chrono::microseconds(1000));
+      self->arm_poll();
+    } else {
+      self->poll_delay_ = std::chrono::microseconds(20);
+    }
+    self->after_batch();
+  });
+}
+
 bool device_actor::spin_for_messages() {
   if (idle_spin_.count() <= 0) return false;
   // A message is served in well under a microsecond, while a sleeping thread takes several to
@@ -189,6 +259,7 @@ bool device_actor::spin_for_messages() {
       [this, &taken] {
         if (stopped_.load(std::memory_order_relaxed)) return true;
         taken = mailbox_.maybe_queued() && mailbox_.take(batch_, /*go_idle=*/false);
+        if (!taken && core_ != nullptr && core_->parked()) core_->poll_parked();
         return taken;
       },
       idle_spin_);
@@ -197,12 +268,12 @@ bool device_actor::spin_for_messages() {
 
 void device_actor::after_batch() {
   if (core_ == nullptr) return;
+  if (core_->parked()) core_->poll_parked();
   // Queued deallocations reach the driver after the batch's requests were served, never in
   // front of them.
-  auto& m = core_->manager();
-  m.process_releases();
-  if (m.backing_storage().pending_deallocations() > 0) {
-    if (auto r = m.flush(); !r) SPDLOG_LOGGER_INFO(log_, "[{}] flush failed: {}", info_.name, r.err().message());
+  // Streams are fenced and what their fences allow is freed, without waiting for the device.
+  if (auto r = core_->manager().end_batch(); !r) {
+    SPDLOG_LOGGER_INFO(log_, "[{}] end of batch: {}", info_.name, r.err().message());
   }
 }
 
@@ -215,6 +286,8 @@ void device_actor::shutdown() noexcept {
     batch_.clear();
     next_ = 0;
     SPDLOG_LOGGER_INFO(log_, "[{}] memory actor stopping", info_.name);
+    poll_timer_.cancel();
+    if (core_ != nullptr) core_->finish_parked();
     core_.reset();  // returns every page; handles still held elsewhere stay safe to drop
   });
   work_.reset();

@@ -1,23 +1,33 @@
-// CUDA storage: device memory of one GPU, ordered on one CUDA stream that the storage owns.
+// CUDA storage: device memory of one GPU, with a stream of its own (the device's stream) and the
+// streams of its users.
 //
-// Pages come from the driver's stream-ordered allocator (cudaMallocAsync on the storage's stream);
+// Pages come from the driver's stream-ordered allocator (cudaMallocAsync on the device's stream);
 // queued deallocations are flushed with cudaFreeAsync on the same stream, so a free never
-// synchronizes the device and never overtakes work already enqueued that still reads the memory.
-// `write` is a stream-ordered copy; `read` copies and waits for the stream. CUDA errors become
-// devrt errors that carry the CUDA error name.
+// synchronizes the device. Every stream that uses the memory is known (`use_queue`): before memory
+// goes back to the driver, the device's stream is made to wait for the work queued on each of
+// them (an event per stream, cudaStreamWaitEvent), so a return never overtakes a user's kernel.
+//
+// Tickets are pooled events: `mark` records one on a stream, `passed` queries it without
+// blocking. Copies never make the calling thread wait for the GPU: `write_on` stages the bytes in
+// pinned host memory from a small pool of the device's and copies from there, `read_async`
+// copies into pinned memory and hands the bytes over once its ticket has passed. (`read` and
+// `synchronize` still wait, for callers that want exactly that.) The legacy default stream is
+// used as it is; work for the per-thread default stream of a client is ordered on the legacy
+// stream, which waits for every blocking stream, the per-thread ones included.
 //
 // Address ranges: where the driver offers virtual memory management, the storage also reserves
 // address ranges (cuMemAddressReserve) and maps physical memory into them (cuMemCreate, cuMemMap,
 // cuMemSetAccess), one physical allocation per `map` call, for the arena pool. Unmapping is
-// stream-ordered without a synchronization: `unmap` only marks the memory, `flush` records an event
-// behind the work queued so far, and the memory is unmapped and released once the event completed
-// (checked at later flushes and maps). Mapping memory whose unmap is still pending just keeps it.
-// The driver's functions are looked up through the runtime (cudaGetDriverEntryPointByVersion), so
-// binaries do not link the driver library.
+// stream-ordered without a synchronization: `unmap` only marks the mapping, `flush` records an
+// event behind the work queued so far (on every stream in use) and the mapping is unmapped and
+// released once the event completed (checked at later flushes and maps). Each mapping remembers
+// the batch of its unmap, so a mapping mapped again (same bounds) before its unmap happened and
+// unmapped again is released only by its own, newer batch. The driver's functions are looked up
+// through the runtime (cudaGetDriverEntryPointByVersion), so binaries do not link the driver.
 //
-// Graph capture: `begin_capture`/`end_capture` bracket stream capture on the storage's stream; an
-// allocation inside the window is refused (the persistent pool must be warmed first), so a
-// captured graph never contains a driver allocation.
+// Graph capture: `begin_capture`/`end_capture` bracket stream capture on the device's stream; an
+// allocation inside the window is refused (the persistent pool must be warmed first), and no
+// queued free is flushed into a capture, so a captured graph never contains a driver call.
 //
 // Threading: owned by one memory manager; called only from its owner thread, which it binds to
 // the device (cudaSetDevice) on every call.
@@ -58,8 +68,11 @@ class cuda_storage {
   [[nodiscard]] result<memory::resource> get(const memory::storage_handle& h);
   result<void> write(const memory::storage_handle& h, const void* src);
   result<void> read(const memory::storage_handle& h, void* dst);
+  /// Work a flush still has to do: queued pages, unmaps requested or waiting for their event,
+  /// staging buffers and address ranges waiting for the device.
   [[nodiscard]] std::size_t pending_deallocations() const noexcept {
-    return pending_.size() + requested_unmaps_.size();
+    return pending_.size() + requested_unmaps_.size() + batches_.size() + staging_in_flight_.size() +
+           dying_ranges_.size();
   }
   [[nodiscard]] std::string name() const { return name_; }
 
@@ -69,6 +82,23 @@ class cuda_storage {
   result<void> begin_capture();
   result<std::shared_ptr<memory::recorded_work>> end_capture();
   result<void> synchronize();
+
+  // ---- Streams and tickets (see memory::queued_backend) ----
+  result<memory::ticket> mark(memory::queue_id q);
+  result<bool> passed(memory::ticket t);
+  result<void> wait(memory::ticket t);
+  result<void> join(memory::queue_id q, memory::ticket t);
+  void use_queue(memory::queue_id q);
+  void retire_queue(memory::queue_id q);
+  result<void> write_on(const memory::storage_handle& h, const void* src, memory::queue_id q);
+  result<memory::ticket> read_async(const memory::storage_handle& h, void* dst, memory::queue_id q);
+  /// The CUDA stream that work for `q` is ordered on.
+  [[nodiscard]] void* stream_of(memory::queue_id q) const noexcept;
+  /// Times the owner thread waited for the GPU: an unmap that a map had to wait for, or memory
+  /// pressure (for tests; 0 on the normal path).
+  [[nodiscard]] std::uint64_t gpu_waits() const noexcept { return gpu_waits_; }
+  /// Pinned staging memory held (bytes).
+  [[nodiscard]] std::uint64_t staging_bytes() const noexcept { return staging_bytes_; }
 
   [[nodiscard]] int device() const noexcept { return device_; }
   [[nodiscard]] std::uint64_t allocated_bytes() const noexcept { return allocated_; }
@@ -95,14 +125,24 @@ class cuda_storage {
     void* ptr;
     std::uint64_t size;
   };
-  // A mapping of a range, kept at the unit where it starts: its physical allocation, its length in
-  // units and its state (0 none, 1 mapped, 2 unmap requested, 3 unmap recorded behind an event).
-  // `owner` of every unit names the unit where its mapping starts.
+  // Where a mapping is in its life. Kept at the unit where it starts.
+  enum class unit_state : std::uint8_t {
+    none,             // no mapping starts here
+    mapped,           // mapped and accessible
+    unmap_requested,  // `unmap` was called; the next flush records it into a batch
+    unmap_recorded,   // in batch `batch`, unmapped once that batch's event has completed
+  };
+  // A mapping of a range, kept at the unit where it starts: its physical allocation, its length
+  // in units and its state. `owner` of every unit names the unit where its mapping starts.
+  // Invariants: `batch` is the sequence number of the batch holding the unmap when the state is
+  // unmap_recorded (0 otherwise), and only that batch may release the mapping; a mapping mapped
+  // again before its unmap happened goes back to `mapped` and leaves every batch.
   struct unit {
     std::uint64_t handle = 0;  // CUmemGenericAllocationHandle
     std::uint64_t count = 0;
+    std::uint64_t batch = 0;
     std::uint32_t owner = 0xffffffffU;
-    std::uint8_t state = 0;
+    unit_state state = unit_state::none;
   };
   struct range {
     std::uint64_t base = 0;  // CUdeviceptr
@@ -110,9 +150,25 @@ class cuda_storage {
     std::uint64_t unit_size = 0;
     std::vector<unit> units;
   };
+  // Unmaps recorded behind one event; `seq` increases with every batch.
   struct unmap_batch {
-    void* event;  // cudaEvent_t recorded behind the unmapped memory's last use
+    void* event;  // cudaEvent_t recorded behind the unmapped memory's last use, on every stream
+    std::uint64_t seq;
     std::vector<std::pair<memory::storage_id, std::uint64_t>> units;
+  };
+  // A ticket's event and what completes with it. Ticket value: generation << 32 | (slot + 1).
+  struct ticket_slot {
+    void* event = nullptr;    // cudaEvent_t
+    void* staging = nullptr;  // pinned buffer of a staged read (or write), given back on completion
+    std::uint64_t staging_size = 0;
+    void* dst = nullptr;  // where a staged read copies its bytes once the event completed
+    std::uint64_t bytes = 0;
+    std::uint32_t generation = 0;
+    bool live = false;
+  };
+  struct staging_buffer {
+    void* ptr;
+    std::uint64_t size;
   };
   struct driver_api;
   result<void> bind_device() const;
@@ -121,8 +177,21 @@ class cuda_storage {
   result<void> complete_unmaps(bool wait);
   /// Records an event behind the requested unmaps (not while capturing).
   result<void> record_unmaps();
+  /// The device's stream waits for the work queued on every stream in use.
+  result<void> join_users();
   void setup_mapping();
   void release_mapping(range& r, std::uint64_t start);
+  void free_range_now(memory::storage_id id);
+  // Events and tickets.
+  result<void*> take_event();
+  void give_event(void* ev) noexcept;
+  ticket_slot* slot_of(memory::ticket t) noexcept;
+  memory::ticket new_ticket(void* ev);
+  void finish_ticket(memory::ticket t) noexcept;
+  // Pinned staging memory.
+  result<staging_buffer> take_staging(std::uint64_t size);
+  void give_staging(staging_buffer b) noexcept;
+  void recycle_staging() noexcept;
 
   int device_;
   std::string name_;
@@ -139,8 +208,18 @@ class cuda_storage {
   std::unordered_map<memory::storage_id, range> ranges_;
   std::vector<std::pair<memory::storage_id, std::uint64_t>> requested_unmaps_;
   std::vector<unmap_batch> batches_;
+  std::uint64_t next_batch_ = 1;
+  std::vector<memory::storage_id> dying_ranges_;  // released; addresses freed once their unmaps are done
   std::uint64_t mapped_ = 0;
   std::uint64_t physical_allocs_ = 0;
+  std::vector<memory::queue_id> queues_;  // streams in use besides the device's own
+  std::vector<void*> free_events_;
+  std::vector<ticket_slot> tickets_;
+  std::vector<std::uint32_t> free_tickets_;
+  std::vector<staging_buffer> staging_free_;
+  std::vector<std::pair<memory::ticket, staging_buffer>> staging_in_flight_;
+  std::uint64_t staging_bytes_ = 0;
+  std::uint64_t gpu_waits_ = 0;
 };
 
 static_assert(memory::storage_backend<cuda_storage>);

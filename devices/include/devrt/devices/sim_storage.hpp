@@ -21,6 +21,9 @@ namespace devrt::devices {
 struct sim_options {
   memory::device_properties props{1ULL << 30, 512, 0};  ///< capacity 0: no limit
   std::string name = "sim";
+  /// Simulate work queues (streams): tickets pass only when the test lets the simulated device
+  /// progress (`sim_storage::progress`), so stream-ordered reuse can be checked without a GPU.
+  bool queues = false;
 
   /// An NVIDIA H200: 512-byte alignment, 150,109,880,320 bytes, pages up to a quarter of that,
   /// memory mapped in 2 MiB granules.
@@ -57,6 +60,33 @@ class sim_storage {
   /// (see misuses()) and ignored.
   void unmap(memory::storage_id range, std::uint64_t offset, std::uint64_t size);
   void release_range(memory::storage_id range);
+
+  // ---- Simulated queues (sim_options::queues) ----
+  [[nodiscard]] bool ordered() const noexcept { return opts_.queues; }
+  [[nodiscard]] void* native_queue() noexcept { return nullptr; }
+  result<void> begin_capture() { return {}; }
+  result<std::shared_ptr<memory::recorded_work>> end_capture() { return std::shared_ptr<memory::recorded_work>(); }
+  result<void> synchronize() {
+    progress();
+    return {};
+  }
+  /// A ticket that passes when the simulated device progresses past it.
+  result<memory::ticket> mark(memory::queue_id q);
+  result<bool> passed(memory::ticket t) const noexcept { return t <= done_; }
+  /// Lets the device run up to `t` (counted in waits()).
+  result<void> wait(memory::ticket t) noexcept;
+  result<void> join(memory::queue_id q, memory::ticket t) noexcept;
+  void use_queue(memory::queue_id q);
+  void retire_queue(memory::queue_id q);
+  result<void> write_on(const memory::storage_handle& h, const void* src, memory::queue_id) { return write(h, src); }
+  result<memory::ticket> read_async(const memory::storage_handle& h, void* dst, memory::queue_id q);
+  /// The simulated device finishes every piece of work queued so far (or up to ticket `upto`).
+  void progress() noexcept { done_ = issued_; }
+  void progress(memory::ticket upto) noexcept { done_ = std::max(done_, std::min(upto, issued_)); }
+  [[nodiscard]] memory::ticket issued_tickets() const noexcept { return issued_; }
+  [[nodiscard]] std::uint64_t waits() const noexcept { return waits_; }
+  [[nodiscard]] std::uint64_t joins() const noexcept { return joins_; }
+  [[nodiscard]] const std::vector<memory::queue_id>& queues() const noexcept { return queues_; }
 
   // ---- Fault injection and introspection ----
   /// Makes the n-th allocation from now (1 = the next one) fail with out_of_memory.
@@ -109,8 +139,14 @@ class sim_storage {
   std::optional<std::uint64_t> fail_at_;
   bool fail_flush_ = false;
   memory::storage_id next_id_ = 1;
+  memory::ticket issued_ = 0;
+  memory::ticket done_ = 0;
+  std::uint64_t waits_ = 0;
+  std::uint64_t joins_ = 0;
+  std::vector<memory::queue_id> queues_;
 };
 
 static_assert(memory::storage_backend<sim_storage>);
+static_assert(memory::queued_backend<sim_storage>);
 
 }  // namespace devrt::devices

@@ -16,6 +16,14 @@
 // repeated work (a training step, a request) maps nothing once warm. With a `slack`, free
 // mappings beyond it are unmapped as soon as they are freed; an explicit cleanup unmaps them all.
 //
+// Stream order (see stream_order.hpp): with several streams, a slice freed on its own stream
+// stays free *for that stream only* (tagged with it) until the stream's fence for its epoch has
+// passed; a reserve on that stream may take it at once, any other waits. Tagged free slices merge
+// only with neighbours of the same tag, and their mappings count them like live slices, so memory
+// that a stream may still use is never unmapped. `harvest` turns tagged slices whose fence passed
+// into slices free for all (merging them with their neighbours); a reserve that would map new
+// memory harvests first.
+//
 // Costs: best fit through an intrusive tree (O(log free slices)); per reserve and free, constant
 // work per mapping the slice overlaps (one or two for most slices); granule by granule only where
 // memory is mapped or unmapped, next to a driver call. No scan of the slices, granules or mappings.
@@ -50,8 +58,15 @@ class arena_pool {
   /// the address range is large enough), unsupported, device_error. After a failure the pool and
   /// the device agree and no live slice changed; free mappings unmapped to make room stay unmapped.
   result<detail::descriptor*> alloc(pool_context& ctx, std::uint64_t size);
-  /// The live slice at `loc` lost its last reference: free it, merge it, release granules.
-  void release(pool_context& ctx, const location& loc);
+  /// The live slice at `loc` lost its last reference: free it, merge it, release granules. With a
+  /// `tag` (a stream), the slice stays free for that stream only until `harvest` finds its
+  /// stream's fence for `epoch` passed.
+  void release(pool_context& ctx, const location& loc, queue_id tag = queue::none, std::uint64_t epoch = 0);
+  /// Frees for every stream the tagged slices whose fences have passed (polls the fences first
+  /// when `poll`). True when any slice changed.
+  bool harvest(pool_context& ctx, bool poll);
+  /// Free slices kept for one stream.
+  [[nodiscard]] std::size_t tagged_slices() const noexcept { return tagged_; }
   [[nodiscard]] result<slice_view> find(const detail::descriptor* d) const;
   result<void> bind(pool_context& ctx, detail::descriptor* reserved, detail::descriptor* assigned,
                     std::uint64_t cursor);
@@ -79,30 +94,49 @@ class arena_pool {
   static constexpr std::uint32_t npos = 0xffffffffU;
   using tree_hook = boost::intrusive::set_base_hook<boost::intrusive::optimize_size<true>>;
   // A slice of the range. Free slices are in the tree and have no descriptor.
+  // Invariants: a free slice with a tag is on its stream's tag list (in epoch order) and counts on
+  // its mappings like a live slice; adjacent free slices always differ in tag.
   struct slice_node : tree_hook {
     std::uint64_t offset = 0;
     std::uint64_t extent = 0;
     std::uint64_t size = 0;
     std::uint64_t cursor = 0;
     detail::descriptor* desc = nullptr;
+    queue_id tag = queue::none;  // free slices: the only stream that may take it (none: any)
+    std::uint64_t epoch = 0;     // tagged: the epoch of its newest free
     std::uint32_t self = 0;
     std::uint32_t prev = npos;
     std::uint32_t next = npos;
+    std::uint32_t tag_prev = npos;  // neighbours on the tag list
+    std::uint32_t tag_next = npos;
     bool free = true;
     bool in_use_slot = false;
   };
+  // Free slices ordered by tag (untagged first), then best fit.
   struct by_fit {
     bool operator()(const slice_node& a, const slice_node& b) const noexcept {
+      if (a.tag != b.tag) return a.tag < b.tag;
       if (a.extent != b.extent) return a.extent < b.extent;
       return a.offset < b.offset;
     }
   };
   struct extent_key {
+    queue_id tag;
     std::uint64_t extent;
   };
   struct key_fit {
-    bool operator()(const slice_node& a, const extent_key& k) const noexcept { return a.extent < k.extent; }
-    bool operator()(const extent_key& k, const slice_node& a) const noexcept { return k.extent < a.extent; }
+    bool operator()(const slice_node& a, const extent_key& k) const noexcept {
+      return a.tag != k.tag ? a.tag < k.tag : a.extent < k.extent;
+    }
+    bool operator()(const extent_key& k, const slice_node& a) const noexcept {
+      return k.tag != a.tag ? k.tag < a.tag : k.extent < a.extent;
+    }
+  };
+  // The tagged free slices of one stream, oldest epoch first.
+  struct tag_list {
+    queue_id tag = queue::none;
+    std::uint32_t head = npos;
+    std::uint32_t tail = npos;
   };
   using free_tree = boost::intrusive::multiset<slice_node, boost::intrusive::compare<by_fit>>;
   // A granule: the mapping that holds its memory.
@@ -123,6 +157,22 @@ class arena_pool {
   };
 
   result<void> reserve_range(pool_context& ctx);
+  /// The best fitting free slice for a reserve on `tag` (its own tagged slices or untagged ones).
+  slice_node* best_fit(std::uint64_t extent, queue_id tag);
+  /// Takes `extent` bytes of the free slice `s` (tagged or not) for a new live slice.
+  slice_node& take(pool_context& ctx, slice_node& s, std::uint64_t extent, std::uint64_t size);
+  /// Merges free slot `slot` with its free neighbours of the same tag (out of the tree and the tag
+  /// lists, mappings no longer counted for tagged ones); returns the surviving slot.
+  std::uint32_t merge_free(std::uint32_t slot);
+  /// Frees the tagged slice `slot` for every stream.
+  void untag(pool_context& ctx, std::uint32_t slot);
+  tag_list& list_of(queue_id tag);
+  void tag_append(std::uint32_t slot);
+  void tag_insert_after(std::uint32_t at, std::uint32_t slot);
+  void tag_unlink(std::uint32_t slot);
+  /// One more (or one less) live or tagged slice on each mapping under slice `s`.
+  void use_mappings(const slice_node& s);
+  void unuse_mappings(const slice_node& s);
   std::uint32_t new_slot();
   void free_slot(std::uint32_t slot);
   /// Maps the granules of [first, last] that have no memory, as mappings (see above). On failure
@@ -156,6 +206,8 @@ class arena_pool {
   std::uint64_t mapped_ = 0;       // granules with memory behind them
   std::uint64_t free_mapped_ = 0;  // granules of free mappings
   std::uint64_t map_calls_ = 0;
+  std::vector<tag_list> tags_;  // one per stream that has tagged free slices (few)
+  std::size_t tagged_ = 0;
   memory_usage usage_;
 };
 

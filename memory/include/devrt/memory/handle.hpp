@@ -16,6 +16,8 @@
 #include <cstdint>
 #include <utility>
 
+#include "devrt/memory/stream.hpp"
+
 namespace devrt::memory {
 
 /// Process-unique identity of an allocation.
@@ -61,6 +63,22 @@ struct descriptor {
   location loc{};                       // owner thread only
   release_queue* queue = nullptr;       // set before attached is published
   descriptor* next_released = nullptr;  // link in the release queue or a free list
+  /// Address and requested size of the memory, written by the owner when a pool places (or bind
+  /// moves) it and before the handle is handed out; nullptr / 0 until then, and on devices
+  /// without addresses (sim). Read from any thread.
+  std::atomic<void*> address{nullptr};
+  std::atomic<std::uint64_t> bytes{0};
+  /// The stream the memory is used on (owner thread only; queue::device unless the reserve named
+  /// another).
+  queue_id stream = queue::device;
+  /// Whether `record_stream` named more streams (kept by the manager; owner thread only).
+  bool more_streams = false;
+
+  /// Publishes where the memory lives (owner thread).
+  void place(void* ptr, std::uint64_t size) noexcept {
+    address.store(ptr, std::memory_order_relaxed);
+    bytes.store(size, std::memory_order_relaxed);
+  }
 
   static std::uint64_t total(std::uint64_t s) noexcept { return s & total_mask; }
   static std::uint64_t handles(std::uint64_t s) noexcept { return (s & handle_mask) >> 32; }
@@ -121,6 +139,17 @@ class memory_handle {
   explicit operator bool() const noexcept { return d_ != nullptr; }
   /// The allocation's id (0 for an empty handle).
   [[nodiscard]] memory_id id() const noexcept { return d_ != nullptr ? d_->id : memory_id{}; }
+  /// The memory's address (a device pointer on CUDA devices), valid while any handle or binding
+  /// to it lives; available as soon as the reserve that returned the handle completed (for a
+  /// `create`d handle, once the device has bound it). nullptr for an empty handle and on devices
+  /// without addresses (sim).
+  [[nodiscard]] void* ptr() const noexcept {
+    return d_ != nullptr ? d_->address.load(std::memory_order_relaxed) : nullptr;
+  }
+  /// The size that was reserved (0 for an empty handle or a `create` not bound yet).
+  [[nodiscard]] std::uint64_t size() const noexcept {
+    return d_ != nullptr ? d_->bytes.load(std::memory_order_relaxed) : 0;
+  }
   /// True when this is the only user handle (bindings do not count): the memory may be mutated
   /// in place.
   [[nodiscard]] bool can_mut() const noexcept {
@@ -176,6 +205,13 @@ class memory_binding {
   }
   [[nodiscard]] bool empty() const noexcept { return d_ == nullptr; }
   [[nodiscard]] memory_id id() const noexcept { return d_ != nullptr ? d_->id : memory_id{}; }
+  /// See memory_handle::ptr and memory_handle::size.
+  [[nodiscard]] void* ptr() const noexcept {
+    return d_ != nullptr ? d_->address.load(std::memory_order_relaxed) : nullptr;
+  }
+  [[nodiscard]] std::uint64_t size() const noexcept {
+    return d_ != nullptr ? d_->bytes.load(std::memory_order_relaxed) : 0;
+  }
   [[nodiscard]] detail::descriptor* raw() const noexcept { return d_; }
   static memory_binding adopt(detail::descriptor* d) noexcept {
     memory_binding b;

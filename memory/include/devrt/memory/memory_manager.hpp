@@ -13,6 +13,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <unordered_map>
 #include <variant>
 #include <vector>
 
@@ -24,6 +25,8 @@
 #include "devrt/memory/pool_context.hpp"
 #include "devrt/memory/sliced_pool.hpp"
 #include "devrt/memory/storage.hpp"
+#include "devrt/memory/stream.hpp"
+#include "devrt/memory/stream_order.hpp"
 #include "devrt/memory/usage.hpp"
 
 namespace devrt::memory {
@@ -68,7 +71,24 @@ class memory_manager {
   /// otherwise the first dynamic pool that accepts the size. Errors: buffer_too_big (no pool
   /// accepts), pool_capacity_exceeded (the accepting pool is capped and full; later pools are not
   /// tried), out_of_memory and device_error from the storage.
-  result<memory_handle> reserve(std::uint64_t size);
+  ///
+  /// `q` is the stream the memory is used on (see stream.hpp): memory freed on it may be handed
+  /// out again at once; memory freed on other streams only once their fences have passed. On
+  /// devices without queues it is only remembered.
+  result<memory_handle> reserve(std::uint64_t size, queue_id q = queue::device);
+
+  /// Marks the memory of `h` as used on stream `q` as well: when it is freed, it is reused (by any
+  /// stream) or returned only after the work queued on `q` and on its own stream. Errors:
+  /// not_found, device_error.
+  result<void> record_stream(const memory_binding& b, queue_id q);
+  /// The stream is about to be destroyed: frees on it are fenced now and nothing is recorded on
+  /// it afterwards. Call it once the stream's work on devrt memory is queued and its handles are
+  /// dropped. Errors: device_error.
+  result<void> retire_stream(queue_id q);
+  /// End of a batch of requests: processes frees, fences the streams freed on, frees what the
+  /// device has passed, and pushes queued deallocations to the device. Never waits for the device.
+  result<void> end_batch();
+  [[nodiscard]] const stream_order& order() const noexcept { return order_; }
 
   /// Gives the memory of `reserved` to `assigned` (a fresh identity from `memory_handle::make()`);
   /// copies of `reserved` become stale and resolve to not_found. Errors: not_found (reserved is
@@ -146,7 +166,14 @@ class memory_manager {
   result<resource> resolve(const detail::descriptor* d, std::optional<std::uint64_t> offset_start,
                            std::optional<std::uint64_t> offset_end);
   result<memory_handle> reserve_persistent(std::uint64_t size);
+  result<memory_handle> reserve_on(std::uint64_t size);
   void release_one(detail::descriptor* d);
+  /// Gives a slice back to its pool (the last step of a free).
+  void release_to_pool(detail::descriptor* d, queue_id tag);
+  /// Frees what the fences that passed allow: held slices, and tagged arena slices.
+  void harvest();
+  /// Publishes a new handle's address and stream.
+  void publish(detail::descriptor* d, std::uint64_t size, queue_id q);
   memory_usage dynamic_usage() const noexcept;
   std::vector<pool_config> layout_to_configs() const;
 
@@ -156,12 +183,15 @@ class memory_manager {
   std::vector<pool_options> layout_;
   memory_statistics stats_;
   release_queue queue_;
+  stream_order order_;
   pool_context ctx_;
   persistent_pool persistent_;
   std::vector<dynamic_pool> pools_;
   allocation_mode mode_ = allocation_mode::automatic;
   std::optional<capture_state> capture_;
   std::uint64_t reserve_count_ = 0;
+  /// Streams `record_stream` added to live allocations (descriptors with `more_streams`).
+  std::unordered_map<const detail::descriptor*, stream_set> more_streams_;
 };
 
 }  // namespace devrt::memory

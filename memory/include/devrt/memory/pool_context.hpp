@@ -9,6 +9,7 @@
 #include "devrt/memory/error.hpp"
 #include "devrt/memory/handle.hpp"
 #include "devrt/memory/storage.hpp"
+#include "devrt/memory/stream.hpp"
 #include "devrt/memory/usage.hpp"
 
 namespace devrt::memory {
@@ -21,6 +22,11 @@ struct pool_context {
   /// Descriptors detached while a drop was handing them to the release queue; the manager waits
   /// for them before it goes away.
   std::uint64_t detached_in_flight = 0;
+  /// Stream order of the device (fences and their epochs); see stream_order.hpp.
+  class stream_order* order = nullptr;
+  /// The stream of the reserve being served when its pool may hand it memory freed on that
+  /// stream whose fence has not passed (queue::none: only memory free for every stream).
+  queue_id reserve_queue = queue::none;
 
   /// Gives a fresh descriptor to a slice at `loc`, with one user handle. Returns it.
   detail::descriptor* attach_new(const location& loc) {

@@ -15,6 +15,7 @@
 #include <utility>
 
 #include "devrt/memory/error.hpp"
+#include "devrt/memory/stream.hpp"
 
 namespace devrt::memory {
 
@@ -79,14 +80,40 @@ concept storage_backend = requires(S& s, const S& cs, std::uint64_t n, storage_i
   { cs.name() } -> std::convertible_to<std::string>;
 };
 
-/// Optional capabilities of a backend whose device has a work queue (CUDA streams). Backends
-/// without them get the defaults of `storage`: no queue, nothing to capture, nothing to wait for.
+/// A point in a queue's work (a CUDA event recorded on a stream), handed out by a queued backend:
+/// it has *passed* once the device has done every piece of work queued before it. 0 names a point
+/// that has passed already (devices without queues hand out nothing else).
+using ticket = std::uint64_t;
+
+/// Optional capabilities of a backend whose device has work queues (CUDA streams). Backends
+/// without them get the defaults of `storage`: no queue, nothing to capture, every ticket passed.
+///
+/// - `mark(q)`: a ticket behind the work queued on `q` so far (a pooled event; never blocks).
+/// - `passed(t)`: whether the device has passed `t`, without blocking; once true, the ticket's
+///   completion work is done (a staged read copied out) and the ticket is gone.
+/// - `wait(t)`: blocks until `t` has passed (for memory pressure and for callers that wait).
+/// - `join(q, t)`: later work on `q` waits for `t` (cudaStreamWaitEvent); never blocks the host.
+///   The ticket is consumed.
+/// - `use_queue(q)`, `retire_queue(q)`: the streams that use the device's memory; memory goes
+///   back to the driver only after the work queued on every one of them.
+/// - `write_on(h, src, q)`: copies `h.size` bytes from `src` into the view, ordered on `q`; the
+///   caller may reuse `src` when it returns (the bytes are staged in pinned host memory).
+/// - `read_async(h, dst, q)`: copies the view into `dst` in order on `q`; `dst` holds the bytes
+///   once the returned ticket has passed (`dst` must stay valid until then).
 template <class S>
-concept queued_backend = requires(S& s) {
+concept queued_backend = requires(S& s, queue_id q, ticket t, const storage_handle& h) {
   { s.native_queue() } -> std::same_as<void*>;
   { s.begin_capture() } -> std::same_as<result<void>>;
   { s.end_capture() } -> std::same_as<result<std::shared_ptr<recorded_work>>>;
   { s.synchronize() } -> std::same_as<result<void>>;
+  { s.mark(q) } -> std::same_as<result<ticket>>;
+  { s.passed(t) } -> std::same_as<result<bool>>;
+  { s.wait(t) } -> std::same_as<result<void>>;
+  { s.join(q, t) } -> std::same_as<result<void>>;
+  { s.use_queue(q) } -> std::same_as<void>;
+  { s.retire_queue(q) } -> std::same_as<void>;
+  { s.write_on(h, static_cast<const void*>(nullptr), q) } -> std::same_as<result<void>>;
+  { s.read_async(h, static_cast<void*>(nullptr), q) } -> std::same_as<result<ticket>>;
 };
 
 /// Optional capability of a backend that separates addresses from memory (CUDA's virtual memory
@@ -114,7 +141,8 @@ concept mapping_backend = requires(S& s, std::uint64_t n, storage_id id) {
 class storage {
  public:
   template <storage_backend S>
-  explicit storage(std::unique_ptr<S> backend) : impl_(std::make_unique<model<S>>(std::move(backend))) {}
+  explicit storage(std::unique_ptr<S> backend)
+      : impl_(std::make_unique<model<S>>(std::move(backend))), ordered_(impl_->ordered()) {}
 
   template <storage_backend S, class... Args>
   static storage make(Args&&... args) {
@@ -142,6 +170,20 @@ class storage {
   result<std::shared_ptr<recorded_work>> end_capture() { return impl_->end_capture(); }
   /// Waits for the device's queue to drain.
   result<void> synchronize() { return impl_->synchronize(); }
+
+  /// Whether the device has work queues (see `queued_backend`); without them every ticket has
+  /// passed when it is handed out and streams mean nothing.
+  [[nodiscard]] bool ordered() const noexcept { return ordered_; }
+  result<ticket> mark(queue_id q) { return impl_->mark(q); }
+  result<bool> passed(ticket t) { return t == 0 ? result<bool>(true) : impl_->passed(t); }
+  result<void> wait(ticket t) { return t == 0 ? result<void>() : impl_->wait(t); }
+  result<void> join(queue_id q, ticket t) { return t == 0 ? result<void>() : impl_->join(q, t); }
+  void use_queue(queue_id q) { impl_->use_queue(q); }
+  void retire_queue(queue_id q) { impl_->retire_queue(q); }
+  /// `write`, ordered on `q` (the same as `write` on devices without queues).
+  result<void> write_on(const storage_handle& h, const void* src, queue_id q) { return impl_->write_on(h, src, q); }
+  /// `read`, ordered on `q`, without waiting: `dst` holds the bytes once the ticket has passed.
+  result<ticket> read_async(const storage_handle& h, void* dst, queue_id q) { return impl_->read_async(h, dst, q); }
 
   /// Address ranges and mapping (see `mapping_backend`). Backends without the capability report
   /// `map_granularity` 0, and these calls fail with `unsupported`.
@@ -178,6 +220,15 @@ class storage {
     virtual result<void> begin_capture() = 0;
     virtual result<std::shared_ptr<recorded_work>> end_capture() = 0;
     virtual result<void> synchronize() = 0;
+    [[nodiscard]] virtual bool ordered() const = 0;
+    virtual result<ticket> mark(queue_id q) = 0;
+    virtual result<bool> passed(ticket t) = 0;
+    virtual result<void> wait(ticket t) = 0;
+    virtual result<void> join(queue_id q, ticket t) = 0;
+    virtual void use_queue(queue_id q) = 0;
+    virtual void retire_queue(queue_id q) = 0;
+    virtual result<void> write_on(const storage_handle& h, const void* src, queue_id q) = 0;
+    virtual result<ticket> read_async(const storage_handle& h, void* dst, queue_id q) = 0;
     virtual result<storage_handle> reserve_range(std::uint64_t size, std::uint64_t unit) = 0;
     virtual result<void> map(storage_id range, std::uint64_t offset, std::uint64_t size) = 0;
     virtual void unmap(storage_id range, std::uint64_t offset, std::uint64_t size) = 0;
@@ -212,6 +263,49 @@ class storage {
       if constexpr (queued_backend<S>) return backend->synchronize();
       return {};
     }
+    [[nodiscard]] bool ordered() const override {
+      if constexpr (!queued_backend<S>) {
+        return false;
+      } else if constexpr (requires { backend->ordered(); }) {
+        return backend->ordered();  // a backend that has queues only in some configurations (sim)
+      } else {
+        return true;
+      }
+    }
+    result<ticket> mark(queue_id q) override {
+      if constexpr (queued_backend<S>) return backend->mark(q);
+      return ticket{0};
+    }
+    result<bool> passed(ticket t) override {
+      if constexpr (queued_backend<S>) return backend->passed(t);
+      return true;
+    }
+    result<void> wait(ticket t) override {
+      if constexpr (queued_backend<S>) return backend->wait(t);
+      return {};
+    }
+    result<void> join(queue_id q, ticket t) override {
+      if constexpr (queued_backend<S>) return backend->join(q, t);
+      return {};
+    }
+    void use_queue(queue_id q) override {
+      if constexpr (queued_backend<S>) backend->use_queue(q);
+    }
+    void retire_queue(queue_id q) override {
+      if constexpr (queued_backend<S>) backend->retire_queue(q);
+    }
+    result<void> write_on(const storage_handle& h, const void* src, queue_id q) override {
+      if constexpr (queued_backend<S>) return backend->write_on(h, src, q);
+      return backend->write(h, src);
+    }
+    result<ticket> read_async(const storage_handle& h, void* dst, queue_id q) override {
+      if constexpr (queued_backend<S>) {
+        return backend->read_async(h, dst, q);
+      } else {
+        if (auto r = backend->read(h, dst); !r) return std::move(r).err();
+        return ticket{0};
+      }
+    }
     result<storage_handle> reserve_range(std::uint64_t size, std::uint64_t unit) override {
       if constexpr (mapping_backend<S>) return backend->reserve_range(size, unit);
       return error::make(errc::unsupported, "the device cannot reserve address ranges");
@@ -229,6 +323,7 @@ class storage {
     std::unique_ptr<S> backend;
   };
   std::unique_ptr<concept_t> impl_;
+  bool ordered_ = false;
 };
 
 }  // namespace devrt::memory

@@ -42,6 +42,9 @@ struct memory_statistics {
   std::uint64_t out_of_memory = 0;    ///< storage allocations refused by the device
   std::uint64_t cleanups = 0;         ///< explicit cleanups run
   std::uint64_t reclaims = 0;         ///< cleanups forced by an out-of-memory before a retry
+  std::uint64_t stream_waits = 0;     ///< times the device waited for streams' fences (memory pressure)
+  std::uint64_t fences = 0;           ///< fences recorded on streams (one per stream per batch of frees)
+  std::uint64_t streams = 0;          ///< streams using the device's memory
 
   [[nodiscard]] std::string to_string() const;
 };

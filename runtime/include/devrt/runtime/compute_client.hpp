@@ -36,6 +36,7 @@
 #include "devrt/memory/config.hpp"
 #include "devrt/memory/handle.hpp"
 #include "devrt/memory/storage.hpp"
+#include "devrt/memory/stream.hpp"
 #include "devrt/memory/usage.hpp"
 #include "devrt/runtime/device_actor.hpp"
 #include "devrt/runtime/error.hpp"
@@ -92,11 +93,22 @@ class device_graph {
     state& operator=(const state&) = delete;
     ~state() {
       if (!actor) return;
-      // Release on the strand, after the replays already enqueued have finished.
-      actor->post(message([p = std::move(pins), w = std::move(work)](actor_core*, const error*) mutable {
-        if (w) (void)w->wait();
-        w.reset();
-        p.clear();
+      // Release on the strand once the device has passed the replays already enqueued: the pins
+      // hold the graph's memory until then, without the device thread waiting for the GPU. If the
+      // actor has stopped, its storage drained the device first, and both simply go.
+      actor->post(message([p = std::move(pins), w = std::move(work)](actor_core* core, const error*) mutable {
+        if (core == nullptr || !w) {
+          w.reset();
+          p.clear();
+          return;
+        }
+        auto t = core->manager().backing_storage().mark(memory::queue::device);
+        if (!t) (void)w->wait();  // no event to wait on (the device failed): fall back to waiting
+        core->park(t ? *t : memory::ticket{0},
+                   message([p = std::move(p), w = std::move(w)](actor_core*, const error*) mutable {
+                     w.reset();
+                     p.clear();
+                   }));
       }));
     }
     std::shared_ptr<device_actor> actor;
@@ -107,6 +119,9 @@ class device_graph {
 };
 
 namespace detail {
+
+/// The value of an operation that completes with no value.
+struct nothing {};
 
 template <class R>
 struct signature {
@@ -198,6 +213,40 @@ class compute_client {
         token, actor_, std::forward<Body>(body));
   }
 
+  /// Like `async_run`, for bodies that complete later: `body(actor_core&, finish)` calls
+  /// `finish(result<R>)` exactly once, on the strand, now or from parked work.
+  template <class R, class Token, class Body>
+  auto async_run_raw(Body&& body, Token&& token) const {
+    return boost::asio::async_initiate<Token, typename detail::signature<R>::type>(
+        [](auto handler, const std::shared_ptr<device_actor>& actor, std::decay_t<Body> b) {
+          if constexpr (detail::is_future_handler_v<decltype(handler)>) {
+            actor->post(message([h = std::move(handler), b = std::move(b)](actor_core* core, const error* e) mutable {
+              auto finish = [h = std::move(h)](result<R> r) mutable { detail::complete_now<R>(h, std::move(r)); };
+              if (core == nullptr) {
+                finish(result<R>(*e));
+              } else {
+                b(*core, std::move(finish));
+              }
+            }));
+            return;
+          }
+          auto ex = boost::asio::get_associated_executor(handler, actor->completion_executor());
+          auto work = boost::asio::prefer(ex, boost::asio::execution::outstanding_work.tracked);
+          actor->post(message([h = std::move(handler), b = std::move(b), w = std::move(work)](actor_core* core,
+                                                                                              const error* e) mutable {
+            auto finish = [h = std::move(h), w = std::move(w)](result<R> r) mutable {
+              detail::complete<R>(h, w, std::move(r));
+            };
+            if (core == nullptr) {
+              finish(result<R>(*e));
+            } else {
+              b(*core, std::move(finish));
+            }
+          }));
+        },
+        token, actor_, std::forward<Body>(body));
+  }
+
   /// Completes the token with an error without visiting the strand (validation on the caller's
   /// side). Completes through the handler's executor, never inline.
   template <class R, class Token>
@@ -222,20 +271,76 @@ class compute_client {
         token, actor_, std::move(e));
   }
 
-  /// Reserves `size` bytes; on out-of-memory the actor reclaims once and retries.
-  template <class Token = default_token>
-  auto reserve(std::uint64_t size, Token&& token = {}) const {
-    return async_run<memory_handle>([size](actor_core& c) { return c.reserve(size); }, std::forward<Token>(token));
+  /// Runs `body(actor_core&) -> result<pair<ticket, V>>` on the strand and completes the token
+  /// with the V once the device has passed the ticket (R is V, or void with V = detail::nothing).
+  template <class R, class Token, class Body>
+  auto async_device(Body&& body, Token&& token) const {
+    using V = std::conditional_t<std::is_void_v<R>, detail::nothing, R>;
+    return async_run_raw<R>(
+        [b = std::forward<Body>(body)](actor_core& c, auto finish) mutable {
+          result<std::pair<memory::ticket, V>> r = detail::invoke_body<std::pair<memory::ticket, V>>(b, c);
+          if (!r) {
+            finish(result<R>(std::move(r).err()));
+            return;
+          }
+          c.park(r->first,
+                 message([f = std::move(finish), v = std::move(r->second)](actor_core* core, const error* e) mutable {
+                   if (core == nullptr) {
+                     f(result<R>(*e));
+                   } else if constexpr (std::is_void_v<R>) {
+                     f(result<R>());
+                   } else {
+                     f(result<R>(std::move(v)));
+                   }
+                 }));
+        },
+        std::forward<Token>(token));
   }
 
-  /// A handle at once; its memory is reserved and bound on the strand, in order with this
-  /// thread's later messages. If that fails, later operations on the handle report the failure.
-  [[nodiscard]] memory_handle create(std::uint64_t size) const {
+  /// Reserves `size` bytes for use on the device's own stream; on out-of-memory the actor
+  /// reclaims once and retries. The handle's `ptr()` is the memory's address as soon as it
+  /// completes.
+  template <class Token = default_token>
+  auto reserve(std::uint64_t size, Token&& token = {}) const {
+    return reserve(size, memory::stream(), std::forward<Token>(token));
+  }
+  /// Reserves `size` bytes for use on stream `s` (see "Threading and stream order" in the
+  /// README): memory freed on `s` may come back at once, memory freed on other streams only once
+  /// their work on it is done.
+  template <class Token = default_token>
+  auto reserve(std::uint64_t size, memory::stream s, Token&& token = {}) const {
+    return async_run<memory_handle>([size, q = s.id()](actor_core& c) { return c.reserve(size, q); },
+                                    std::forward<Token>(token));
+  }
+
+  /// A handle at once; its memory is reserved (for stream `s`) and bound on the strand, in order
+  /// with this thread's later messages. If that fails, later operations on the handle report the
+  /// failure.
+  [[nodiscard]] memory_handle create(std::uint64_t size, memory::stream s = {}) const {
     memory_handle h = memory_handle::make();
-    actor_->post(message([size, h](actor_core* core, const error*) {
-      if (core != nullptr) core->create(size, h);
+    actor_->post(message([size, h, q = s.id()](actor_core* core, const error*) {
+      if (core != nullptr) core->create(size, h, q);
     }));
     return h;
+  }
+
+  /// Marks the memory as used on stream `s` too (as PyTorch's `record_stream`): when its last
+  /// handle is dropped, no other allocation gets it, and it does not go back to the driver, before
+  /// the work queued on `s` by then is done. Ordered before a drop that follows it in this thread.
+  void record_stream(const memory_handle& h, memory::stream s) const { record_stream(h.binding(), s); }
+  void record_stream(memory_binding b, memory::stream s) const {
+    actor_->post(message([b = std::move(b), q = s.id()](actor_core* core, const error*) {
+      if (core != nullptr) (void)core->manager().record_stream(b, q);
+    }));
+  }
+
+  /// Tells the device that stream `s` is about to be destroyed: frees on it are fenced now and
+  /// nothing is recorded on it afterwards. Call it after the stream's last use of devrt memory has
+  /// been queued and its handles dropped, and destroy the stream once this has completed.
+  template <class Token = default_token>
+  auto retire_stream(memory::stream s, Token&& token = {}) const {
+    return async_run<void>([q = s.id()](actor_core& c) { return c.manager().retire_stream(q); },
+                           std::forward<Token>(token));
   }
 
   /// Gives the memory of `reserved` to `assigned` (a fresh `memory_handle::make()`).
@@ -263,16 +368,18 @@ class compute_client {
         std::forward<Token>(token));
   }
 
-  /// The bytes of the allocation.
+  /// The bytes of the allocation, copied in order on its stream after the work queued there;
+  /// completes when the device has done the copy (the device thread does not wait for it).
   template <class Token = default_token>
   auto read(memory_binding b, Token&& token = {}) const {
-    return async_run<std::vector<std::byte>>(
-        [b = std::move(b)](actor_core& c) -> result<std::vector<std::byte>> {
+    return async_device<std::vector<std::byte>>(
+        [b = std::move(b)](actor_core& c) -> result<std::pair<memory::ticket, std::vector<std::byte>>> {
           auto size = c.size_of(b);
           if (!size) return std::move(size).err();
           std::vector<std::byte> out(*size);
-          if (auto r = c.read(b, out.data(), out.size()); !r) return std::move(r).err();
-          return out;
+          auto t = c.read_async(b, out.data(), out.size());
+          if (!t) return std::move(t).err();
+          return std::make_pair(*t, std::move(out));  // the buffer does not move with the vector
         },
         std::forward<Token>(token));
   }
@@ -291,6 +398,8 @@ class compute_client {
             auto r = c.get_resource(b);
             if (!r) return std::move(r).err();
             resources.push_back(*r);
+            // Kernels of `fn` run on the device's stream: memory of other streams is used there too.
+            if (auto u = c.use_on_device_stream(b); !u) return std::move(u).err();
           }
           submit_context ctx{c.info(), resources, c.manager().backing_storage().native_queue()};
           if constexpr (std::is_void_v<R>) {
@@ -381,11 +490,21 @@ class compute_client {
         std::forward<Token>(token));
   }
 
-  /// Waits until the device's queue has drained (CUDA: the stream); immediate elsewhere.
+  /// Completes once the work queued so far on stream `s` (default: the device's own) is done;
+  /// immediate on devices without queues. The device thread does not wait meanwhile.
   template <class Token = default_token>
   auto synchronize(Token&& token = {}) const {
-    return async_run<void>([](actor_core& c) { return c.manager().backing_storage().synchronize(); },
-                           std::forward<Token>(token));
+    return synchronize(memory::stream(), std::forward<Token>(token));
+  }
+  template <class Token = default_token>
+  auto synchronize(memory::stream s, Token&& token = {}) const {
+    return async_device<void>(
+        [q = s.id()](actor_core& c) -> result<std::pair<memory::ticket, detail::nothing>> {
+          auto t = c.manager().backing_storage().mark(q);
+          if (!t) return std::move(t).err();
+          return std::make_pair(*t, detail::nothing{});
+        },
+        std::forward<Token>(token));
   }
 
   /// Opens a persistent allocation scope: reserves and creates posted while it is open (from any

@@ -10,6 +10,7 @@
 #include <boost/asio/any_io_executor.hpp>
 #include <boost/asio/executor_work_guard.hpp>
 #include <boost/asio/io_context.hpp>
+#include <boost/asio/steady_timer.hpp>
 #include <boost/asio/strand.hpp>
 #include <chrono>
 #include <cstdint>
@@ -53,10 +54,10 @@ class actor_core {
 
   /// Reserve with out-of-memory recovery: on out_of_memory, one reclaim (explicit cleanup and
   /// flush) and one retry.
-  result<memory::memory_handle> reserve(std::uint64_t size);
+  result<memory::memory_handle> reserve(std::uint64_t size, memory::queue_id q = memory::queue::device);
   /// Reserves and binds `handle` (the second half of a client's create). A failure is remembered
   /// so that later uses of the handle report it.
-  void create(std::uint64_t size, const memory::memory_handle& handle);
+  void create(std::uint64_t size, const memory::memory_handle& handle, memory::queue_id q = memory::queue::device);
   /// Turns a not_found for a handle whose create failed into that failure.
   error explain(const error& e, memory::memory_id id) const;
 
@@ -64,6 +65,12 @@ class actor_core {
                                         std::optional<std::uint64_t> end = {});
   result<void> write(const memory::memory_binding& b, const void* src, std::uint64_t size);
   result<void> read(const memory::memory_binding& b, void* dst, std::uint64_t size);
+  /// Copies into `dst` in order on the allocation's stream; `dst` holds the bytes once the ticket
+  /// has passed.
+  result<memory::ticket> read_async(const memory::memory_binding& b, void* dst, std::uint64_t size);
+  /// Work on the device's own stream is about to use `b`: records that stream for it when the
+  /// allocation belongs to another.
+  result<void> use_on_device_stream(const memory::memory_binding& b);
   result<std::uint64_t> size_of(const memory::memory_binding& b);
 
   /// Opens a capture window on the manager and, on devices with a queue, stream capture.
@@ -75,6 +82,16 @@ class actor_core {
   void enter_persistent();
   void exit_persistent();
 
+  /// Runs `then` once the device has passed ticket `t` (aborted with the error if the device
+  /// reports one, or run at shutdown after a final wait): how reads, synchronization and graph
+  /// release complete without the device thread waiting for the GPU.
+  void park(memory::ticket t, message then);
+  /// Runs what the device has passed; true while work stays parked.
+  bool poll_parked();
+  /// Shutdown: waits for every parked ticket and runs what was parked.
+  void finish_parked() noexcept;
+  [[nodiscard]] bool parked() const noexcept { return !parked_.empty(); }
+
  private:
   static constexpr std::size_t max_remembered_failures = 1024;
   std::unique_ptr<memory::memory_manager> manager_;
@@ -83,6 +100,7 @@ class actor_core {
   std::unordered_map<std::uint64_t, error> failures_;
   std::deque<std::uint64_t> failure_order_;
   int persistent_depth_ = 0;
+  std::vector<std::pair<memory::ticket, message>> parked_;
 };
 
 class device_actor : public std::enable_shared_from_this<device_actor> {
@@ -122,6 +140,9 @@ class device_actor : public std::enable_shared_from_this<device_actor> {
   void after_batch();
   /// Polls the mailbox for up to idle_spin_; true when messages were taken into batch_.
   bool spin_for_messages();
+  /// While work is parked on tickets, checks them again after a short while (backing off up to a
+  /// millisecond), so their completions come without a message to wake the device thread.
+  void arm_poll();
 
   device_info info_;
   boost::asio::io_context io_{1};
@@ -138,6 +159,9 @@ class device_actor : public std::enable_shared_from_this<device_actor> {
   std::atomic<std::uint64_t> processed_{0};
   std::atomic<std::uint64_t> drains_{0};
   std::atomic<bool> stopped_{false};
+  boost::asio::steady_timer poll_timer_;
+  bool poll_armed_ = false;
+  std::chrono::microseconds poll_delay_{20};
   std::thread thread_;
 };
 
