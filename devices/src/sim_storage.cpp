@@ -228,15 +228,50 @@ void sim_storage::release_range(memory::storage_id id) {
 
 // ---- Simulated queues ----
 
-result<memory::ticket> sim_storage::mark(memory::queue_id /*q*/) {
+result<memory::ticket> sim_storage::mark(memory::queue_id q) {
   if (!opts_.queues) return memory::ticket{0};
-  return ++issued_;
+  unpassed_.emplace(++issued_, q);
+  return issued_;
 }
+
+result<bool> sim_storage::passed(memory::ticket t) const noexcept { return unpassed_.count(t) == 0; }
 
 result<void> sim_storage::wait(memory::ticket t) noexcept {
   ++waits_;
-  progress(t);
+  auto it = unpassed_.find(t);
+  if (it == unpassed_.end()) return {};
+  const memory::queue_id q = it->second;
+  // The queue runs in order: everything on it up to t passes.
+  for (auto i = unpassed_.begin(); i != unpassed_.end() && i->first <= t;) {
+    if (i->second == q) {
+      passed_on_[q] = std::max(passed_on_[q], i->first);
+      i = unpassed_.erase(i);
+    } else {
+      ++i;
+    }
+  }
   return {};
+}
+
+void sim_storage::progress() noexcept {
+  for (const auto& [t, q] : unpassed_) passed_on_[q] = std::max(passed_on_[q], t);
+  unpassed_.clear();
+}
+
+void sim_storage::progress_queue(memory::queue_id q) noexcept {
+  for (auto i = unpassed_.begin(); i != unpassed_.end();) {
+    if (i->second == q) {
+      passed_on_[q] = std::max(passed_on_[q], i->first);
+      i = unpassed_.erase(i);
+    } else {
+      ++i;
+    }
+  }
+}
+
+memory::ticket sim_storage::passed_on(memory::queue_id q) const noexcept {
+  auto it = passed_on_.find(q);
+  return it == passed_on_.end() ? 0 : it->second;
 }
 
 result<void> sim_storage::join(memory::queue_id /*q*/, memory::ticket /*t*/) noexcept {

@@ -34,6 +34,7 @@ result<void> arena_pool::reserve_range(pool_context& ctx) {
   auto r = ctx.store.reserve_range(space_, granule_);
   if (!r) return std::move(r).err();
   range_ = r->id;
+  keep_ghosts_ = ctx.store.ordered();
   // Granule states grow with the highest address used (see alloc), not with the whole range.
   granules_.clear();
   const std::uint32_t slot = new_slot();
@@ -78,11 +79,30 @@ void arena_pool::unlink_free(std::uint32_t m) {
 void arena_pool::unmap_mapping(pool_context& ctx, std::uint32_t m) {
   mapping_state& s = mappings_[m];
   ctx.unmap_memory(range_, s.first * granule_, s.count * granule_);
-  for (std::uint64_t g = s.first; g < s.first + s.count; ++g) granules_[g].mapping = npos;
   mapped_ -= s.count;
   usage_.bytes_reserved -= s.count * granule_;
+  if (keep_ghosts_) {
+    s.ghost = true;
+    s.used = 0;
+    ++ghosts_;
+    return;
+  }
+  for (std::uint64_t g = s.first; g < s.first + s.count; ++g) granules_[g].mapping = npos;
   s.in_use_slot = false;
   mappings_.release(m);
+}
+
+result<void> arena_pool::revive(pool_context& ctx, std::uint32_t m) {
+  mapping_state& s = mappings_[m];
+  auto r = ctx.map_memory(range_, s.first * granule_, s.count * granule_);
+  if (!r) return r;
+  s.ghost = false;
+  s.used = 0;
+  s.stamp = map_calls_;
+  --ghosts_;
+  mapped_ += s.count;
+  usage_.bytes_reserved += s.count * granule_;
+  return {};
 }
 
 void arena_pool::evict(pool_context& ctx, std::uint64_t count) {
@@ -121,28 +141,35 @@ result<void> arena_pool::map_granules(pool_context& ctx, std::uint64_t first, st
   ++map_calls_;
   std::uint64_t g = first;
   while (g <= last) {
-    if (granules_[g].mapping != npos) {
-      ++g;
-      continue;
-    }
-    std::uint64_t end = g + 1;
-    while (end <= last && granules_[end].mapping == npos) ++end;
     result<void> r;
-    const std::uint64_t whole_end = shared_tail && end == last + 1 ? last : end;
-    // Mappings end at multiples of the chunk, so that a mapping a later slice partly reuses holds
-    // at most a chunk of free memory that cannot be unmapped.
-    for (std::uint64_t at = g; r && at < whole_end;) {
-      const std::uint64_t stop = std::min(whole_end, (at / chunk_ + 1) * chunk_);
-      r = map_run(ctx, at, stop - at);
-      at = stop;
+    std::uint64_t end = g + 1;
+    if (const std::uint32_t m = granules_[g].mapping; m != npos) {
+      if (!mappings_[m].ghost) {
+        ++g;
+        continue;
+      }
+      r = revive(ctx, m);  // exactly the bounds it had: the device may still be unmapping them
+      end = mappings_[m].first + mappings_[m].count;
+    } else {
+      while (end <= last && granules_[end].mapping == npos) ++end;
     }
-    if (r && whole_end != end) r = map_run(ctx, last, 1);
+    if (r && granules_[g].mapping == npos) {
+      const std::uint64_t whole_end = shared_tail && end == last + 1 ? last : end;
+      // Mappings end at multiples of the chunk, so that a mapping a later slice partly reuses holds
+      // at most a chunk of free memory that cannot be unmapped.
+      for (std::uint64_t at = g; r && at < whole_end;) {
+        const std::uint64_t stop = std::min(whole_end, (at / chunk_ + 1) * chunk_);
+        r = map_run(ctx, at, stop - at);
+        at = stop;
+      }
+      if (r && whole_end != end) r = map_run(ctx, last, 1);
+    }
     if (!r) {
       // Give back what this call mapped: none of it was used.
       std::uint64_t given_back = 0;
       for (std::uint64_t k = first; k <= last; ++k) {
         const std::uint32_t m = granules_[k].mapping;
-        if (m != npos && mappings_[m].stamp == map_calls_) {
+        if (m != npos && !mappings_[m].ghost && mappings_[m].stamp == map_calls_) {
           given_back += mappings_[m].count * granule_;
           unmap_mapping(ctx, m);
         }
@@ -203,7 +230,7 @@ result<detail::descriptor*> arena_pool::alloc(pool_context& ctx, std::uint64_t s
     std::uint64_t missing = 0;
     for (std::uint64_t g = first; g <= last;) {
       const std::uint32_t m = granules_[g].mapping;
-      if (m == npos) {
+      if (m == npos || mappings_[m].ghost) {
         ++missing;
         ++g;
         continue;
@@ -217,7 +244,7 @@ result<detail::descriptor*> arena_pool::alloc(pool_context& ctx, std::uint64_t s
     // be the ones unmapped to make room.
     for (std::uint64_t g = first; g <= last;) {
       const std::uint32_t m = granules_[g].mapping;
-      if (m == npos) {
+      if (m == npos || mappings_[m].ghost) {
         ++g;
         continue;
       }
@@ -232,7 +259,7 @@ result<detail::descriptor*> arena_pool::alloc(pool_context& ctx, std::uint64_t s
         // The free mappings taken off the list go back on it.
         for (std::uint64_t g = first; g <= last;) {
           const std::uint32_t m = granules_[g].mapping;
-          if (m == npos) {
+          if (m == npos || mappings_[m].ghost) {
             ++g;
             continue;
           }
@@ -501,7 +528,7 @@ void arena_pool::release_all(pool_context& ctx) {
   }
   // Unmap every mapping, then give the addresses back.
   for (std::uint32_t m = 0; m < mappings_.size(); ++m) {
-    if (mappings_[m].in_use_slot)
+    if (mappings_[m].in_use_slot && !mappings_[m].ghost)
       ctx.unmap_memory(range_, mappings_[m].first * granule_, mappings_[m].count * granule_);
   }
   if (range_ != 0) ctx.store.release_range(range_);
@@ -513,6 +540,7 @@ void arena_pool::release_all(pool_context& ctx) {
   mapped_ = free_mapped_ = 0;
   tags_.clear();
   tagged_ = 0;
+  ghosts_ = 0;
   usage_ = memory_usage{};
 }
 
@@ -631,7 +659,9 @@ std::string arena_pool::check_invariants() const {
   }
   for (std::uint64_t g = 0; g < granules_.size(); ++g) {
     const granule_state& gs = granules_[g];
-    if (live[g] > 0 && gs.mapping == npos) return fmt::format("arena {}: granule {} is used but not mapped", index_, g);
+    if (live[g] > 0 && (gs.mapping == npos || (gs.mapping < mappings_.size() && mappings_[gs.mapping].ghost))) {
+      return fmt::format("arena {}: granule {} is used but not mapped", index_, g);
+    }
     if (gs.mapping != npos) {
       if (gs.mapping >= mappings_.size() || !mappings_[gs.mapping].in_use_slot) {
         return fmt::format("arena {}: granule {} names a mapping that does not exist", index_, g);
@@ -644,6 +674,7 @@ std::string arena_pool::check_invariants() const {
   }
   std::uint64_t mapped = 0;
   std::uint64_t free_mapped = 0;
+  std::size_t ghosts = 0;
   for (std::uint32_t mi = 0; mi < mappings_.size(); ++mi) {
     const mapping_state& m = mappings_[mi];
     if (!m.in_use_slot) continue;
@@ -651,6 +682,11 @@ std::string arena_pool::check_invariants() const {
       if (g >= granules_.size() || granules_[g].mapping != mi) {
         return fmt::format("arena {}: mapping {} does not own its granule {}", index_, mi, g);
       }
+    }
+    if (m.ghost) {
+      if (m.used != 0 || m.listed) return fmt::format("arena {}: ghost mapping {} is used or listed", index_, mi);
+      ++ghosts;
+      continue;
     }
     const std::uint64_t used = slices_on[mi];
     if (used != m.used)
@@ -671,6 +707,7 @@ std::string arena_pool::check_invariants() const {
     if (listed > mapped) return fmt::format("arena {}: free mapping list has a cycle", index_);
     before = mi;
   }
+  if (ghosts != ghosts_) return fmt::format("arena {}: {} ghost mappings counted as {}", index_, ghosts, ghosts_);
   if (mapped != mapped_ || free_mapped != free_mapped_ || listed != free_mapped) {
     return fmt::format("arena {}: {} mapped / {} free granules counted as {} / {} ({} listed)", index_, mapped,
                        free_mapped, mapped_, free_mapped_, listed);

@@ -70,20 +70,24 @@ class sim_storage {
     progress();
     return {};
   }
-  /// A ticket that passes when the simulated device progresses past it.
+  /// A ticket that passes when the simulated device progresses past it on its queue.
   result<memory::ticket> mark(memory::queue_id q);
-  result<bool> passed(memory::ticket t) const noexcept { return t <= done_; }
-  /// Lets the device run up to `t` (counted in waits()).
+  result<bool> passed(memory::ticket t) const noexcept;
+  /// Lets the ticket's queue run up to `t` (counted in waits()).
   result<void> wait(memory::ticket t) noexcept;
   result<void> join(memory::queue_id q, memory::ticket t) noexcept;
   void use_queue(memory::queue_id q);
   void retire_queue(memory::queue_id q);
   result<void> write_on(const memory::storage_handle& h, const void* src, memory::queue_id) { return write(h, src); }
   result<memory::ticket> read_async(const memory::storage_handle& h, void* dst, memory::queue_id q);
-  /// The simulated device finishes every piece of work queued so far (or up to ticket `upto`).
-  void progress() noexcept { done_ = issued_; }
-  void progress(memory::ticket upto) noexcept { done_ = std::max(done_, std::min(upto, issued_)); }
+  /// The simulated device finishes every piece of work queued so far, on every queue.
+  void progress() noexcept;
+  /// Queue `q` (alone) finishes the work queued on it so far.
+  void progress_queue(memory::queue_id q) noexcept;
+  /// Tickets handed out so far (each new ticket is the next number).
   [[nodiscard]] memory::ticket issued_tickets() const noexcept { return issued_; }
+  /// The newest ticket of queue `q` that has passed (0: none).
+  [[nodiscard]] memory::ticket passed_on(memory::queue_id q) const noexcept;
   [[nodiscard]] std::uint64_t waits() const noexcept { return waits_; }
   [[nodiscard]] std::uint64_t joins() const noexcept { return joins_; }
   [[nodiscard]] const std::vector<memory::queue_id>& queues() const noexcept { return queues_; }
@@ -140,7 +144,8 @@ class sim_storage {
   bool fail_flush_ = false;
   memory::storage_id next_id_ = 1;
   memory::ticket issued_ = 0;
-  memory::ticket done_ = 0;
+  std::map<memory::ticket, memory::queue_id> unpassed_;
+  std::map<memory::queue_id, memory::ticket> passed_on_;
   std::uint64_t waits_ = 0;
   std::uint64_t joins_ = 0;
   std::vector<memory::queue_id> queues_;

@@ -85,7 +85,7 @@ class arena_pool {
   [[nodiscard]] std::uint64_t granule_size() const noexcept { return granule_; }
   [[nodiscard]] std::uint64_t mapped_granules() const noexcept { return mapped_; }
   [[nodiscard]] std::uint64_t free_mapped_granules() const noexcept { return free_mapped_; }
-  [[nodiscard]] std::size_t mapping_count() const noexcept { return mappings_.live(); }
+  [[nodiscard]] std::size_t mapping_count() const noexcept { return mappings_.live() - ghosts_; }
   [[nodiscard]] std::string report() const;
   /// Empty when consistent; otherwise the first violation found.
   [[nodiscard]] std::string check_invariants() const;
@@ -154,6 +154,10 @@ class arena_pool {
     std::uint32_t newer = npos;
     bool listed = false;
     bool in_use_slot = false;
+    // Unmapped, but its granules still name it: on a device whose unmaps complete later (behind
+    // the streams' work), memory is mapped there again only with exactly these bounds, which the
+    // device can revive without waiting for the pending unmap.
+    bool ghost = false;
   };
 
   result<void> reserve_range(pool_context& ctx);
@@ -180,6 +184,11 @@ class arena_pool {
   result<void> map_granules(pool_context& ctx, std::uint64_t first, std::uint64_t last, std::uint64_t slice_end,
                             std::uint64_t size);
   result<void> map_run(pool_context& ctx, std::uint64_t first, std::uint64_t count);
+  /// Maps a ghost mapping again, with its bounds.
+  result<void> revive(pool_context& ctx, std::uint32_t m);
+  [[nodiscard]] bool mapped_at(std::uint64_t g) const noexcept {
+    return granules_[g].mapping != npos && !mappings_[granules_[g].mapping].ghost;
+  }
   void unmap_mapping(pool_context& ctx, std::uint32_t m);
   void push_free(std::uint32_t m);
   void unlink_free(std::uint32_t m);
@@ -207,6 +216,8 @@ class arena_pool {
   std::uint64_t free_mapped_ = 0;  // granules of free mappings
   std::uint64_t map_calls_ = 0;
   std::vector<tag_list> tags_;  // one per stream that has tagged free slices (few)
+  bool keep_ghosts_ = false;    // the device completes unmaps later (it has queues)
+  std::size_t ghosts_ = 0;
   std::size_t tagged_ = 0;
   memory_usage usage_;
 };
