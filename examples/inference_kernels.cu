@@ -128,4 +128,13 @@ const char* cuda_when_done(void* stream, void (*fn)(void*), void* arg) {
   return e == cudaSuccess ? nullptr : cudaGetErrorString(e);
 }
 
+const char* cuda_stream_create(void** out) {
+  cudaStream_t s = nullptr;
+  const cudaError_t e = cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
+  *out = s;
+  return e == cudaSuccess ? nullptr : cudaGetErrorString(e);
+}
+
+void cuda_stream_destroy(void* stream) { cudaStreamDestroy(static_cast<cudaStream_t>(stream)); }
+
 }  // namespace devrt::example

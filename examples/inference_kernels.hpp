@@ -158,6 +158,9 @@ const char* cuda_probe_check(const std::uint32_t* p, std::uint64_t n, std::uint3
 /// Calls `fn(arg)` on a CUDA thread once the work enqueued on `stream` before it has finished.
 /// `fn` must not call CUDA.
 const char* cuda_when_done(void* stream, void (*fn)(void*), void* arg);
+/// A non-blocking stream of the calling worker's own on device 0 (*out), and its destruction.
+const char* cuda_stream_create(void** out);
+void cuda_stream_destroy(void* stream);
 
 #else
 
@@ -180,6 +183,8 @@ inline const char* cuda_probe_check(const std::uint32_t*, std::uint64_t, std::ui
   return no_cuda;
 }
 inline const char* cuda_when_done(void*, void (*)(void*), void*) { return no_cuda; }
+inline const char* cuda_stream_create(void**) { return no_cuda; }
+inline void cuda_stream_destroy(void*) {}
 
 #endif
 

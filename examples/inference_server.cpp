@@ -1,11 +1,14 @@
 // A multi-threaded inference server on one device.
 //
 // The model's weights are loaded once into persistent memory. Worker threads then take requests
-// from a shared counter and serve each one through the device's memory actor, without waiting on
-// any allocation: `create` returns the activation handles at once, `submit` runs the layers on the
-// device strand (on CUDA devices it launches kernels on the device's stream), and the handles are
-// dropped as soon as the work that uses them has been posted. Every request's output is checked
-// against the expected result, computed independently. At the end the server prints throughput,
+// from a shared counter and serve each one through the device's memory actor. On a CUDA device
+// every worker has a stream of its own: it reserves each activation for that stream (the handle's
+// address is there as soon as the reserve completes), launches the layers' kernels on it from its
+// own thread, and drops each activation as soon as the last kernel that reads it is queued, long
+// before that kernel has run; devrt keeps the memory from other streams until the stream has
+// passed it. On the host, `create` returns the activation handles at once and `submit` runs the
+// layers on the device strand. Every request's output is checked against the expected result,
+// computed independently. At the end the server prints throughput,
 // latency percentiles, memory efficiency and the usage report.
 //
 // Requests are drawn from a seeded distribution of batch sizes and sequence lengths, or replayed
@@ -297,7 +300,8 @@ class server {
 
   /// A synthetic request: input, the layers (each with a scratch buffer and a new activation,
   /// the previous one dropped), a check of the output.
-  request_result serve(std::uint32_t seed, const request_shape& shape) {
+  request_result serve(std::uint32_t seed, const request_shape& shape, void* stream) {
+    if (kind_ == compute_kind::cuda) return serve_on_stream(seed, shape, stream);
     const std::uint64_t n = shape.batch * shape.sequence * model_.hidden;
     const std::uint64_t wn = model_.weight_words;
     const compute_kind kind = kind_;
@@ -338,10 +342,42 @@ class server {
     return finish(st, model_.layers + 2, out);
   }
 
+  /// The same request on a CUDA device, from the worker's thread on the worker's stream: every
+  /// activation is reserved for the stream, the kernels are launched there, and each handle is
+  /// dropped right after the last launch that uses it (the kernels are still queued).
+  request_result serve_on_stream(std::uint32_t seed, const request_shape& shape, void* native) {
+    const std::uint64_t n = shape.batch * shape.sequence * model_.hidden;
+    const std::uint64_t wn = model_.weight_words;
+    const memory::stream s = memory::stream::native(native);
+    request_result out;
+    try {
+      memory_handle x = client_.reserve(n * 4, s).get();
+      ++out.pairs;
+      check_launch(example::cuda_input(words_of(x), n, seed, native));
+      for (std::uint32_t l = 0; l < model_.layers; ++l) {
+        memory_handle h = client_.reserve(2 * n * 4, s).get();
+        memory_handle y = client_.reserve(n * 4, s).get();
+        out.pairs += 2;
+        check_launch(
+            example::cuda_layer(words_of(x), words_of(model_.weights[l]), wn, words_of(h), words_of(y), n, native));
+        x = std::move(y);  // the previous activation and the scratch buffer are dropped while queued
+      }
+      check_launch(example::cuda_verify(words_of(x), n, seed, model_.id, model_.layers, wn,
+                                        static_cast<unsigned long long*>(counter_.ptr()), native));
+      x.reset();
+      wait_for_stream(native);
+      out.ok = true;
+    } catch (const std::exception& e) {
+      errors_->note(e.what());
+    }
+    return out;
+  }
+
   /// A request replayed from a trace: every allocation gets a pattern when it is made and is
   /// checked when the trace frees it (or at the end of the request) before it is dropped.
   /// Allocations freed by a later request's events are released at the end of this one.
-  request_result replay(std::uint32_t seed, std::span<const trace_op> ops) {
+  request_result replay(std::uint32_t seed, std::span<const trace_op> ops, void* stream) {
+    if (kind_ == compute_kind::cuda) return replay_on_stream(seed, ops, stream);
     const compute_kind kind = kind_;
     auto st = std::make_shared<request_state>();
     request_result out;
@@ -386,6 +422,51 @@ class server {
   }
 
  private:
+  static std::uint32_t* words_of(const memory_handle& h) { return static_cast<std::uint32_t*>(h.ptr()); }
+
+  /// Waits (on this worker's thread, never the device's) until the stream has run this request.
+  static void wait_for_stream(void* native) {
+    std::promise<void> done;
+    std::future<void> f = done.get_future();
+    check_launch(example::cuda_when_done(native, &set_promise, &done));
+    f.wait();
+  }
+
+  /// A trace chunk on a CUDA device, on the worker's stream (see replay).
+  request_result replay_on_stream(std::uint32_t seed, std::span<const trace_op> ops, void* native) {
+    const memory::stream s = memory::stream::native(native);
+    auto* counter = static_cast<unsigned long long*>(counter_.ptr());
+    request_result out;
+    struct allocation {
+      memory_handle handle;
+      std::uint64_t size = 0;
+      std::uint32_t seed = 0;
+    };
+    std::unordered_map<std::uint32_t, allocation> live;
+    try {
+      for (const trace_op& op : ops) {
+        if (op.alloc) {
+          allocation a{client_.reserve(op.size, s).get(), op.size, example::mix32(seed ^ example::index_hash(op.id))};
+          ++out.pairs;
+          check_launch(example::cuda_probe_fill(words_of(a.handle), a.size / 4, a.seed, native));
+          live[op.id] = std::move(a);
+        } else if (auto it = live.find(op.id); it != live.end()) {
+          const allocation& a = it->second;
+          check_launch(example::cuda_probe_check(words_of(a.handle), a.size / 4, a.seed, counter, native));
+          live.erase(it);  // dropped while the check is queued
+        }
+      }
+      for (auto& [id, a] : live)
+        check_launch(example::cuda_probe_check(words_of(a.handle), a.size / 4, a.seed, counter, native));
+      live.clear();
+      wait_for_stream(native);
+      out.ok = true;
+    } catch (const std::exception& e) {
+      errors_->note(e.what());
+    }
+    return out;
+  }
+
   /// Posts one step of a request: `fn(context, state)` on the strand, counted in the state when
   /// it ran. A step whose bindings do not resolve (a failed create) does not run; its error is
   /// logged by its completion and the request's final step sees the gap.
@@ -622,6 +703,14 @@ int run(const settings& s) {
     for (int t = 0; t < s.threads; ++t) {
       workers.emplace_back([&, t] {
         worker_totals& mine = totals[static_cast<std::size_t>(t)];
+        // On a CUDA device, each worker launches on a stream of its own.
+        void* stream = nullptr;
+        if (kind == compute_kind::cuda) {
+          if (const char* e = example::cuda_stream_create(&stream); e != nullptr) {
+            srv.errors()->note(std::string("cudaStreamCreate failed: ") + e);
+            return;
+          }
+        }
         for (std::uint64_t i = next.fetch_add(1); i < requests; i = next.fetch_add(1)) {
           const auto seed = static_cast<std::uint32_t>(splitmix64(s.seed ^ (i << 1)));
           const auto t0 = std::chrono::steady_clock::now();
@@ -629,9 +718,9 @@ int run(const settings& s) {
           if (s.trace_path) {
             const std::uint64_t first = (i % chunks) * s.events_per_request;
             const std::uint64_t count = std::min<std::uint64_t>(s.events_per_request, ops.size() - first);
-            r = srv.replay(seed, std::span<const trace_op>(ops).subspan(first, count));
+            r = srv.replay(seed, std::span<const trace_op>(ops).subspan(first, count), stream);
           } else {
-            r = srv.serve(seed, shape_of(s.seed, i));
+            r = srv.serve(seed, shape_of(s.seed, i), stream);
           }
           mine.latency_ms.push_back(
               std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
@@ -639,6 +728,12 @@ int run(const settings& s) {
           mine.mismatches += r.mismatches;
           mine.pairs += r.pairs;
           done.fetch_add(1, std::memory_order_relaxed);
+        }
+        if (stream != nullptr) {
+          // Its work has run (each request waited for it) and its handles are gone: devrt is told
+          // before the stream is destroyed.
+          (void)client.retire_stream(memory::stream::native(stream)).get();
+          example::cuda_stream_destroy(stream);
         }
       });
     }

@@ -14,6 +14,14 @@ void check_pattern(const void* ptr, std::uint64_t bytes, std::uint32_t seed, uns
 void saxpy(float a, const float* x, float* y, std::uint64_t n, void* stream);
 /// out[i] = in[i] * in[i] over n floats.
 void square(const float* in, float* out, std::uint64_t n, void* stream);
+/// Keeps `stream` busy for about `microseconds` (one thread spinning on the GPU's clock).
+void spin(std::uint64_t microseconds, void* stream);
+/// Spins for `microseconds`, then adds the words of `bytes` at `ptr` that differ from the pattern
+/// of `seed` to `*mismatches`: a kernel still reading the memory long after it was launched.
+void spin_then_check(const void* ptr, std::uint64_t bytes, std::uint32_t seed, std::uint64_t microseconds,
+                     unsigned int* mismatches, void* stream);
+/// Spins for `microseconds`, then fills `bytes` at `ptr` with the pattern of `seed`.
+void spin_then_fill(void* ptr, std::uint64_t bytes, std::uint32_t seed, std::uint64_t microseconds, void* stream);
 /// Last launch error name, or nullptr when the last launch succeeded.
 const char* last_error();
 

@@ -68,11 +68,10 @@ class cuda_storage {
   [[nodiscard]] result<memory::resource> get(const memory::storage_handle& h);
   result<void> write(const memory::storage_handle& h, const void* src);
   result<void> read(const memory::storage_handle& h, void* dst);
-  /// Work a flush still has to do: queued pages, unmaps requested or waiting for their event,
-  /// staging buffers and address ranges waiting for the device.
+  /// Memory a flush still has to give back: queued pages, unmaps requested or waiting for their
+  /// event, address ranges waiting for their unmaps.
   [[nodiscard]] std::size_t pending_deallocations() const noexcept {
-    return pending_.size() + requested_unmaps_.size() + batches_.size() + staging_in_flight_.size() +
-           dying_ranges_.size();
+    return pending_.size() + requested_unmaps_.size() + batches_.size() + dying_ranges_.size();
   }
   [[nodiscard]] std::string name() const { return name_; }
 

@@ -1,0 +1,387 @@
+// Stream order on a real GPU, with streams kept busy: kernels still queued when their memory is
+// dropped, slow kernels, many streams, the legacy and per-thread default streams, unmaps behind
+// busy streams, a device thread that never waits for the GPU. Every test skips with the reason
+// when no GPU is usable. Run them under compute-sanitizer too (memcheck must stay clean).
+#include <cuda_runtime_api.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstring>
+#include <random>
+#include <thread>
+#include <vector>
+
+#include "devrt/devices/cuda_storage.hpp"
+#include "devrt/memory/memory_manager.hpp"
+#include "devrt/runtime/runtime.hpp"
+#include "kernels.hpp"
+
+using namespace devrt;
+using namespace devrt::runtime;
+using memory::memory_handle;
+using memory::stream;
+
+namespace {
+
+#define DEVRT_REQUIRE_GPU()                                                        \
+  do {                                                                             \
+    if (devices::cuda_device_count() == 0) {                                       \
+      GTEST_SKIP() << "CUDA test skipped: " << devices::cuda_unavailable_reason(); \
+    }                                                                              \
+  } while (false)
+
+runtime_options gpu_options(const char* layout = "auto") {
+  runtime_options o;
+  o.use_environment = false;
+  o.cuda_layout = memory::parse_layout(layout).value();
+  return o;
+}
+
+// A non-blocking stream of the test's own, destroyed at the end of the scope.
+struct user_stream {
+  cudaStream_t s = nullptr;
+  user_stream() { EXPECT_EQ(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess); }
+  user_stream(const user_stream&) = delete;
+  user_stream& operator=(const user_stream&) = delete;
+  ~user_stream() { cudaStreamDestroy(s); }
+};
+
+// A counter of mismatching words in device memory.
+struct mismatch_counter {
+  unsigned int* d = nullptr;
+  mismatch_counter() {
+    EXPECT_EQ(cudaMalloc(reinterpret_cast<void**>(&d), sizeof(unsigned int)), cudaSuccess);  // NOLINT
+    EXPECT_EQ(cudaMemset(d, 0, sizeof(unsigned int)), cudaSuccess);
+  }
+  mismatch_counter(const mismatch_counter&) = delete;
+  mismatch_counter& operator=(const mismatch_counter&) = delete;
+  ~mismatch_counter() { cudaFree(d); }
+  unsigned int value() const {
+    unsigned int v = 0;
+    EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    EXPECT_EQ(cudaMemcpy(&v, d, sizeof v, cudaMemcpyDeviceToHost), cudaSuccess);
+    return v;
+  }
+};
+
+enum class which_stream { own, legacy, per_thread };
+
+// Each client thread: per request, reserves a few allocations for its stream, fills each with a
+// pattern of its own, lets some kernels spin for hundreds of microseconds, checks the pattern
+// after the spin (so the check runs long after the handle was dropped), and drops the handles
+// while all of that is still queued. Memory handed to another stream too early is overwritten by
+// that stream's pattern, and the check counts it.
+void requests_on_streams(which_stream kind, int threads, int requests) {
+  devrt::runtime::runtime rt(gpu_options());
+  auto gpu = rt.cuda(0);
+  mismatch_counter bad;
+  std::atomic<int> failures{0};
+  std::vector<std::thread> pool;
+  for (int t = 0; t < threads; ++t) {
+    pool.emplace_back([&, t] {
+      cudaSetDevice(0);
+      user_stream own;
+      void* native = kind == which_stream::own      ? static_cast<void*>(own.s)
+                     : kind == which_stream::legacy ? nullptr
+                                                    : reinterpret_cast<void*>(2);  // NOLINT: cudaStreamPerThread
+      const stream s = stream::native(native);
+      std::mt19937 rng(static_cast<unsigned>(t) * 7919U + 1U);
+      for (int r = 0; r < requests; ++r) {
+        std::vector<memory_handle> live;
+        for (int k = 0; k < 4; ++k) {
+          const std::uint64_t bytes = 4096ULL * (1 + rng() % 1024);  // 4 KiB .. 4 MiB
+          memory_handle h = gpu.reserve(bytes, s).get();
+          if (h.ptr() == nullptr || h.size() != bytes) {
+            failures.fetch_add(1);
+            continue;
+          }
+          const std::uint32_t seed = static_cast<std::uint32_t>(t * 1000003 + r * 17 + k);
+          test_kernels::fill_pattern(h.ptr(), bytes, seed, native);
+          const std::uint64_t spin_us = (rng() % 4 == 0) ? 200 + rng() % 400 : 0;
+          test_kernels::spin_then_check(h.ptr(), bytes, seed, spin_us, bad.d, native);
+          live.push_back(std::move(h));
+        }
+        live.clear();  // dropped while the kernels are still queued
+        if (test_kernels::last_error() != nullptr) failures.fetch_add(1);
+      }
+      cudaStreamSynchronize(own.s);
+      if (kind == which_stream::own) gpu.retire_stream(s).get();
+    });
+  }
+  for (auto& th : pool) th.join();
+  EXPECT_EQ(failures.load(), 0);
+  EXPECT_EQ(bad.value(), 0u) << "memory was handed to another stream while a kernel still used it";
+  auto stats = gpu.statistics().get();
+  EXPECT_EQ(gpu.check_invariants().get(), "");
+  std::printf("[ streams  ] %d threads x %d requests: %llu fences, %llu waits under pressure, %llu streams\n", threads,
+              requests, static_cast<unsigned long long>(stats.fences),
+              static_cast<unsigned long long>(stats.stream_waits), static_cast<unsigned long long>(stats.streams));
+}
+
+}  // namespace
+
+TEST(CudaStreams, SixteenThreadsEachWithItsOwnStream) {
+  DEVRT_REQUIRE_GPU();
+  requests_on_streams(which_stream::own, 16, 200);
+}
+
+TEST(CudaStreams, SixteenThreadsOnTheLegacyDefaultStream) {
+  DEVRT_REQUIRE_GPU();
+  requests_on_streams(which_stream::legacy, 16, 100);
+}
+
+TEST(CudaStreams, SixteenThreadsOnTheirPerThreadDefaultStreams) {
+  DEVRT_REQUIRE_GPU();
+  requests_on_streams(which_stream::per_thread, 16, 100);
+}
+
+// A kernel still running on stream A over memory whose handle was dropped: stream B never gets
+// that memory before A's work is done (by address and by data), and gets it afterwards.
+TEST(CudaStreams, MemoryFreedOnABusyStreamIsNotGivenToAnotherBeforeItsFence) {
+  DEVRT_REQUIRE_GPU();
+  devrt::runtime::runtime rt(gpu_options());
+  auto gpu = rt.cuda(0);
+  user_stream a;
+  user_stream b;
+  mismatch_counter bad;
+  constexpr std::uint64_t bytes = 8ULL << 20;
+  (void)gpu.reserve(4096, stream::native(b.s)).get();  // B is in use from the start
+  memory_handle x = gpu.reserve(bytes, stream::native(a.s)).get();
+  auto* const x_ptr = static_cast<std::byte*>(x.ptr());
+  test_kernels::fill_pattern(x.ptr(), bytes, 1, a.s);
+  test_kernels::spin_then_check(x.ptr(), bytes, 1, 200'000, bad.d, a.s);  // 200 ms
+  x.reset();
+  (void)gpu.memory_usage().get();  // the free is seen and fenced
+  for (int i = 0; i < 8; ++i) {
+    memory_handle y = gpu.reserve(bytes, stream::native(b.s)).get();
+    auto* const y_ptr = static_cast<std::byte*>(y.ptr());
+    EXPECT_TRUE(y_ptr + bytes <= x_ptr || x_ptr + bytes <= y_ptr) << "B got memory A's kernel still reads";
+    test_kernels::fill_pattern(y.ptr(), bytes, 2, b.s);
+  }
+  EXPECT_EQ(bad.value(), 0u);
+  // Once A's work is done, the memory is free for every stream.
+  ASSERT_EQ(cudaStreamSynchronize(a.s), cudaSuccess);
+  bool reused = false;
+  for (int i = 0; i < 100 && !reused; ++i) {
+    (void)gpu.memory_usage().get();  // a batch: polls the fences
+    memory_handle y = gpu.reserve(bytes, stream::native(b.s)).get();
+    reused = y.ptr() == x_ptr;
+  }
+  EXPECT_TRUE(reused) << "A's memory never came back after its fence passed";
+  gpu.retire_stream(stream::native(a.s)).get();
+  gpu.retire_stream(stream::native(b.s)).get();
+}
+
+// record_stream: memory used on a second stream is not reused, even by its own stream, before
+// the second stream's work is done.
+TEST(CudaStreams, RecordStreamKeepsMemoryFromItsOwnStreamToo) {
+  DEVRT_REQUIRE_GPU();
+  devrt::runtime::runtime rt(gpu_options());
+  auto gpu = rt.cuda(0);
+  user_stream a;
+  user_stream side;
+  mismatch_counter bad;
+  constexpr std::uint64_t bytes = 4ULL << 20;
+  memory_handle x = gpu.reserve(bytes, stream::native(a.s)).get();
+  void* const x_ptr = x.ptr();
+  test_kernels::fill_pattern(x.ptr(), bytes, 9, a.s);
+  cudaEvent_t filled = nullptr;
+  cudaEventCreateWithFlags(&filled, cudaEventDisableTiming);
+  cudaEventRecord(filled, a.s);
+  cudaStreamWaitEvent(side.s, filled, 0);
+  test_kernels::spin_then_check(x.ptr(), bytes, 9, 150'000, bad.d, side.s);
+  gpu.record_stream(x, stream::native(side.s));
+  x.reset();
+  for (int i = 0; i < 8; ++i) {
+    memory_handle y = gpu.reserve(bytes, stream::native(a.s)).get();
+    EXPECT_NE(y.ptr(), x_ptr) << "A got memory the side stream still reads";
+    test_kernels::fill_pattern(y.ptr(), bytes, 10, a.s);
+  }
+  EXPECT_EQ(bad.value(), 0u);
+  cudaEventDestroy(filled);
+  gpu.retire_stream(stream::native(a.s)).get();
+  gpu.retire_stream(stream::native(side.s)).get();
+}
+
+// The defect of unmap batches: a mapping revived (same bounds) before its unmap happened and
+// unmapped again belongs to the newer batch; the older batch's event must not release it while
+// work queued between the two batches still uses it.
+TEST(CudaStreams, ARevivedMappingIsReleasedOnlyByItsOwnBatch) {
+  DEVRT_REQUIRE_GPU();
+  devices::cuda_storage s(0);
+  if (s.properties().map_granularity == 0) GTEST_SKIP() << "no virtual memory management on this GPU";
+  void* const q = s.native_queue();
+  mismatch_counter bad;
+  const std::uint64_t g = s.properties().map_granularity;
+  auto range = s.reserve_range(16 * g, g).value();
+  ASSERT_TRUE(s.map(range.id, 0, 4 * g));
+  void* const p = s.get(memory::storage_handle{range.id, 0, 4 * g}).value().ptr;
+  test_kernels::spin_then_fill(p, 4 * g, 5, 50'000, q);  // busy: 50 ms
+  s.unmap(range.id, 0, 4 * g);
+  ASSERT_TRUE(s.flush());                  // batch 1, behind the first kernel
+  ASSERT_TRUE(s.map(range.id, 0, 4 * g));  // revived before its unmap happened
+  test_kernels::spin_then_fill(p, 4 * g, 6, 200'000, q);
+  test_kernels::spin_then_check(p, 4 * g, 6, 0, bad.d, q);  // work between the batches
+  s.unmap(range.id, 0, 4 * g);
+  ASSERT_TRUE(s.flush());                                       // batch 2, behind that work
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));  // batch 1's event has completed
+  ASSERT_TRUE(s.flush());                                       // completes batch 1: must not unmap
+  EXPECT_EQ(s.mapped_bytes(), 4 * g) << "the older batch released a mapping of the newer one";
+  EXPECT_EQ(cudaStreamSynchronize(static_cast<cudaStream_t>(q)), cudaSuccess);
+  EXPECT_EQ(bad.value(), 0u);
+  ASSERT_TRUE(s.flush());
+  EXPECT_EQ(s.mapped_bytes(), 0u);
+  EXPECT_EQ(s.gpu_waits(), 0u);
+  s.release_range(range.id);
+}
+
+// The arena unmaps free memory behind busy streams and maps there again: the device thread never
+// waits for a pending unmap (the arena maps exactly what it unmapped, which the storage revives).
+TEST(CudaStreams, MappingOverAPendingUnmapNeverWaits) {
+  DEVRT_REQUIRE_GPU();
+  auto store = memory::storage::make<devices::cuda_storage>(0);
+  auto* cuda = store.backend<devices::cuda_storage>();
+  if (cuda->properties().map_granularity == 0) GTEST_SKIP() << "no virtual memory management on this GPU";
+  memory::manager_options opts;
+  opts.layout = memory::parse_layout("arena:slack=0").value();  // free memory is unmapped at once
+  memory::memory_manager m(std::move(store), opts);
+  user_stream a;
+  mismatch_counter bad;
+  const memory::queue_id qa = stream::native(a.s).id();
+  for (int round = 0; round < 20; ++round) {
+    const std::uint64_t bytes = (1 + round % 5) * (6ULL << 20) + 4096ULL * round;
+    auto h = m.reserve(bytes, qa).value();
+    const std::uint32_t seed = 100U + static_cast<std::uint32_t>(round);
+    test_kernels::fill_pattern(h.ptr(), bytes / 4 * 4, seed, a.s);
+    test_kernels::spin_then_check(h.ptr(), bytes / 4 * 4, seed, 20'000, bad.d, a.s);
+    h.reset();
+    ASSERT_TRUE(m.end_batch());  // unmaps behind the busy stream
+  }
+  EXPECT_EQ(cuda->gpu_waits(), 0u) << "a map waited for the GPU";
+  EXPECT_EQ(bad.value(), 0u);
+  EXPECT_EQ(m.check_invariants(), "");
+  ASSERT_EQ(m.retire_stream(qa).code(), errc::ok);
+}
+
+// One stream blocked for 100 ms while 15 other threads reserve and free: their reserves are not
+// held behind it (the blocked thread's read completes from an event, not on the device thread).
+TEST(CudaStreams, ABlockedStreamDoesNotStallOtherClients) {
+  DEVRT_REQUIRE_GPU();
+  devrt::runtime::runtime rt(gpu_options());
+  auto gpu = rt.cuda(0);
+  user_stream slow;
+  memory_handle h = gpu.reserve(1 << 20, stream::native(slow.s)).get();
+  test_kernels::fill_pattern(h.ptr(), 1 << 20, 3, slow.s);
+  test_kernels::spin(100'000, slow.s);
+  auto read = gpu.read(h.binding());  // ordered after the spin on the slow stream
+  std::atomic<bool> go{false};
+  std::vector<std::vector<double>> lat(15);
+  std::vector<std::thread> pool;
+  for (int t = 0; t < 15; ++t) {
+    pool.emplace_back([&, t] {
+      user_stream own;
+      while (!go.load()) std::this_thread::yield();
+      for (int i = 0; i < 400; ++i) {
+        const auto t0 = std::chrono::steady_clock::now();
+        memory_handle x = gpu.reserve(4096ULL * (1 + (i % 64)), stream::native(own.s)).get();
+        lat[t].push_back(std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count());
+      }
+      gpu.retire_stream(stream::native(own.s)).get();
+    });
+  }
+  go = true;
+  for (auto& th : pool) th.join();
+  const bool read_done_early = read.wait_for(std::chrono::seconds(0)) == std::future_status::ready;
+  auto bytes = read.get();
+  std::vector<double> all;
+  for (auto& v : lat) all.insert(all.end(), v.begin(), v.end());
+  std::sort(all.begin(), all.end());
+  const double p50 = all[all.size() / 2];
+  const double p99 = all[all.size() * 99 / 100];
+  std::printf("[ blocked  ] 15 threads x 400 reserves beside a stream blocked for 100 ms: p50 %.1f us, p99 %.1f us%s\n",
+              p50, p99, read_done_early ? " (the read finished first)" : "");
+  EXPECT_LT(p99, 20'000.0) << "reserves waited behind the blocked stream";
+  ASSERT_EQ(bytes.size(), 1u << 20);
+  gpu.retire_stream(stream::native(slow.s)).get();
+}
+
+// A graph that outlives its runtime is safe to drop.
+TEST(CudaStreams, AGraphThatOutlivesItsRuntime) {
+  DEVRT_REQUIRE_GPU();
+  device_graph graph;
+  {
+    devrt::runtime::runtime rt(gpu_options());
+    auto gpu = rt.cuda(0);
+    auto h = gpu.create(1 << 20);
+    (void)gpu
+        .submit(
+            {h.binding()},
+            [](submit_context& c) { test_kernels::fill_pattern(c.resources[0].ptr, c.resources[0].size, 4, c.stream); })
+        .get();
+    gpu.capture_begin().get();
+    (void)gpu
+        .submit(
+            {h.binding()},
+            [](submit_context& c) { test_kernels::fill_pattern(c.resources[0].ptr, c.resources[0].size, 5, c.stream); })
+        .get();
+    graph = gpu.capture_end().get();
+    ASSERT_TRUE(graph.recorded());
+    gpu.replay(graph).get();
+    gpu.replay(graph).get();
+  }  // the runtime is gone, the graph still lives
+  graph = device_graph();
+  EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+}
+
+// Frees queued when a capture starts are flushed before it, never into the graph.
+TEST(CudaStreams, ACaptureStartedWithFreesQueuedKeepsThemOutOfTheGraph) {
+  DEVRT_REQUIRE_GPU();
+  devices::cuda_storage s(0);
+  auto page = s.alloc(1 << 20).value();
+  auto scratch = s.alloc(1 << 20).value();
+  void* const scratch_ptr = s.get(scratch).value().ptr;
+  s.dealloc(page.id);  // queued, not flushed
+  ASSERT_TRUE(s.begin_capture());
+  EXPECT_EQ(s.driver_frees(), 1u) << "the queued free was not flushed before the capture";
+  test_kernels::fill_pattern(scratch_ptr, 1 << 20, 7, s.native_queue());
+  ASSERT_TRUE(s.flush());  // the actor flushes after every batch: nothing may reach the graph
+  auto work = s.end_capture().value();
+  ASSERT_NE(work, nullptr);
+  for (int i = 0; i < 3; ++i) ASSERT_TRUE(work->launch());
+  EXPECT_EQ(cudaStreamSynchronize(static_cast<cudaStream_t>(s.native_queue())), cudaSuccess);
+  EXPECT_EQ(s.driver_frees(), 1u);
+  work.reset();
+}
+
+// Reads and synchronization complete from events: a read of memory written by a slow kernel
+// returns the kernel's bytes, and the device keeps serving meanwhile.
+TEST(CudaStreams, ReadsCompleteFromEventsWithTheKernelsBytes) {
+  DEVRT_REQUIRE_GPU();
+  devrt::runtime::runtime rt(gpu_options());
+  auto gpu = rt.cuda(0);
+  user_stream a;
+  memory_handle h = gpu.reserve(1 << 16, stream::native(a.s)).get();
+  std::vector<std::byte> ones(1 << 16, std::byte{1});
+  gpu.write(h.binding(), ones).get();
+  test_kernels::spin(50'000, a.s);
+  test_kernels::fill_pattern(h.ptr(), 1 << 16, 11, a.s);  // after the write, on the same stream
+  auto read = gpu.read(h.binding());
+  auto sync = gpu.synchronize(stream::native(a.s));
+  // Meanwhile the device serves others.
+  for (int i = 0; i < 100; ++i) (void)gpu.reserve(4096).get();
+  sync.get();
+  auto bytes = read.get();
+  ASSERT_EQ(bytes.size(), 1u << 16);
+  EXPECT_NE(bytes[0], std::byte{1}) << "the read overtook the kernel on the allocation's stream";
+  // Compare with the pattern through the GPU itself.
+  mismatch_counter bad;
+  void* copy = nullptr;
+  ASSERT_EQ(cudaMalloc(&copy, 1 << 16), cudaSuccess);
+  ASSERT_EQ(cudaMemcpy(copy, bytes.data(), 1 << 16, cudaMemcpyHostToDevice), cudaSuccess);
+  test_kernels::check_pattern(copy, 1 << 16, 11, bad.d, nullptr);
+  EXPECT_EQ(bad.value(), 0u);
+  cudaFree(copy);
+  gpu.retire_stream(stream::native(a.s)).get();
+}
