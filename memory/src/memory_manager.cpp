@@ -182,9 +182,8 @@ result<slice_view> memory_manager::find(const detail::descriptor* d) const {
   return visit_pool(pools_[loc.pool], [&](const auto& pool) { return pool.find(d); });
 }
 
-// `reserved` is taken by value: bind consumes it, so the caller's copy is dropped on return.
-result<void> memory_manager::bind(memory_handle reserved,  // NOLINT(performance-unnecessary-value-param)
-                                  const memory_handle& assigned, std::uint64_t cursor) {
+// `reserved` is consumed (reset) only when the bind succeeds; on failure the caller keeps it.
+result<void> memory_manager::bind(memory_handle&& reserved, const memory_handle& assigned, std::uint64_t cursor) {
   process_releases();
   detail::descriptor* dr = reserved.raw();
   detail::descriptor* da = assigned.raw();
@@ -195,8 +194,11 @@ result<void> memory_manager::bind(memory_handle reserved,  // NOLINT(performance
   auto view = find(dr);
   if (!view) return std::move(view).err();
   const std::uint8_t pool = dr->loc.pool;
-  if (pool == location::persistent_pool) return persistent_.bind(ctx_, dr, da, cursor);
-  return visit_pool(pools_[pool], [&](auto& p) { return p.bind(ctx_, dr, da, cursor); });
+  auto r = pool == location::persistent_pool
+               ? persistent_.bind(ctx_, dr, da, cursor)
+               : visit_pool(pools_[pool], [&](auto& p) { return p.bind(ctx_, dr, da, cursor); });
+  if (r) reserved.reset();  // consumed only on success: a failed bind leaves the memory with the caller
+  return r;
 }
 
 result<std::uint64_t> memory_manager::get_cursor(const memory_binding& b) {

@@ -108,10 +108,13 @@ class [[nodiscard]] result {
     check();
     return std::move(std::get<0>(v_));
   }
-  T& operator*() & { return std::get<0>(v_); }
-  T&& operator*() && { return std::move(std::get<0>(v_)); }
-  T* operator->() { return &std::get<0>(v_); }
-  const T* operator->() const { return &std::get<0>(v_); }
+  // Checked like value(): on an error they throw devrt::exception with its message, never
+  // std::bad_variant_access, whose text says nothing about what went wrong.
+  T& operator*() & { return value(); }
+  const T& operator*() const& { return value(); }
+  T&& operator*() && { return std::move(*this).value(); }
+  T* operator->() { return &value(); }
+  const T* operator->() const { return &value(); }
 
   [[nodiscard]] const error& err() const& { return std::get<1>(v_); }
   [[nodiscard]] error&& err() && { return std::move(std::get<1>(v_)); }
