@@ -43,6 +43,7 @@ enum class errc : int {
   device_error = 40,    ///< the storage backend failed (driver error, failed flush)
   task_failed = 41,     ///< a function submitted to a device threw
   unsupported = 42,     ///< the device does not offer the operation (e.g. mapping on a device without it)
+  would_deadlock = 43,  ///< a wait on the device's own thread for a request that only that thread can serve
 };
 
 /// Whether an error kind means the layout or configuration given was invalid.

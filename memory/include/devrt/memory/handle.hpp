@@ -14,7 +14,10 @@
 
 #include <atomic>
 #include <cstdint>
+#include <memory>
 #include <utility>
+
+#include "devrt/memory/error.hpp"
 
 namespace devrt::memory {
 
@@ -61,6 +64,10 @@ struct descriptor {
   location loc{};                       // owner thread only
   release_queue* queue = nullptr;       // set before attached is published
   descriptor* next_released = nullptr;  // link in the release queue or a free list
+  // Why giving memory to this identity failed (a client's create), so that its later uses report
+  // that failure for as long as the identity lives, however many others failed. Owner thread only;
+  // allocated only on failure, freed with the descriptor.
+  std::unique_ptr<const error> failure;
 
   static std::uint64_t total(std::uint64_t s) noexcept { return s & total_mask; }
   static std::uint64_t handles(std::uint64_t s) noexcept { return (s & handle_mask) >> 32; }
