@@ -333,12 +333,11 @@ TEST(ClientConfigure, InvalidLayoutFailsAtOnceAndNothingReachesTheActor) {
   auto z = failure_of(c.configure(std::vector<pool_config>{sliced_pool_config{0}}));
   EXPECT_EQ(z.code, errc::zero_size) << z.what;
 
-  std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  EXPECT_EQ(actor->messages_processed(), 0u) << "an invalid layout must not be posted to the actor";
-  EXPECT_EQ(actor->drains(), 0u);
-  // A valid request does reach it (the counter works).
+  // A valid request does reach the actor; once it is counted, the count shows it was the only
+  // message (no waiting for a guessed time in which a stray message would have arrived).
   (void)c.memory_usage().get();
-  EXPECT_TRUE(devrt_test::wait_until([&] { return actor->messages_processed() == 1; }));
+  EXPECT_TRUE(devrt_test::wait_until([&] { return actor->messages_processed() >= 1; }));
+  EXPECT_EQ(actor->messages_processed(), 1u) << "an invalid layout must not be posted to the actor";
 }
 
 TEST_F(Client, ConfigureKeepsTheLayoutWhileMemoryIsLiveAndAppliesAfterRelease) {

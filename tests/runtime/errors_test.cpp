@@ -478,7 +478,12 @@ TEST(ErrorsShutdown, RequestsQueuedAtShutdownCompleteWithShutdown) {
   std::vector<std::future<memory_handle>> queued;
   for (int i = 0; i < 100; ++i) queued.push_back(c.reserve(1000));
   std::thread stopper([&] { rt.shutdown(); });
-  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  // Open the gate only once the stopper has closed the mailbox, not after a guessed delay: while
+  // the strand is blocked, nothing but the close can complete a request, so a probe that completes
+  // proves the queued reserves were answered with shutdown.
+  auto probe = c.memory_usage();
+  ASSERT_EQ(probe.wait_for(std::chrono::seconds(60)), std::future_status::ready) << "the mailbox never closed";
+  EXPECT_EQ(failure_of(probe).code, errc::shutdown);
   gate.set_value();
   stopper.join();
   EXPECT_EQ(blocker.get(), 5) << "the request being served finishes";
