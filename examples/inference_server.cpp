@@ -502,7 +502,7 @@ class server {
     try {
       o = closing.get();
     } catch (const boost::system::system_error& e) {
-      errors_->note(e.code().message());
+      errors_->note(std::string(e.what()));
       return out;
     }
     if (o.complete && kind == compute_kind::cuda) device_done.wait();
@@ -681,7 +681,7 @@ int run(const settings& s) {
     for (auto& f : loads) f.get();
     client.synchronize().get();
   } catch (const boost::system::system_error& e) {
-    std::fprintf(stderr, "%s: loading the model failed: %s\n", program, e.code().message().c_str());
+    std::fprintf(stderr, "%s: loading the model failed: %s\n", program, e.what());
     return 1;
   }
   std::printf("model: %u layers, hidden %llu, %s of weights in persistent memory (loaded in %.1f ms)\n", m.layers,
@@ -761,7 +761,7 @@ int run(const settings& s) {
       std::memcpy(&device_mismatches, bytes.data(), sizeof(device_mismatches));
       all.mismatches += device_mismatches;
     } catch (const boost::system::system_error& e) {
-      std::fprintf(stderr, "%s: reading the check counter failed: %s\n", program, e.code().message().c_str());
+      std::fprintf(stderr, "%s: reading the check counter failed: %s\n", program, e.what());
       counter_read = false;
     }
   }

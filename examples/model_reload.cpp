@@ -270,7 +270,7 @@ class service {
   }
   void fail(const boost::system::system_error& e) {
     ++failures_;
-    std::printf("error: %s\n", e.code().message().c_str());
+    std::printf("error: %s\n", e.what());
   }
 
   compute_client client_;

@@ -90,6 +90,22 @@ std::string cuda_unavailable_reason() {
 }
 
 cuda_storage::cuda_storage(int device) : device_(device), name_("cuda:" + std::to_string(device)) {
+  // The storage is created on the caller's thread (the runtime creates a device on its first use):
+  // leave that thread's current device as it was, failure or not.
+  struct restore_current_device {
+    int previous = -1;
+    restore_current_device() {
+      if (cudaGetDevice(&previous) != cudaSuccess) {
+        cudaGetLastError();
+        previous = -1;
+      }
+    }
+    restore_current_device(const restore_current_device&) = delete;
+    restore_current_device& operator=(const restore_current_device&) = delete;
+    ~restore_current_device() {
+      if (previous >= 0) cudaSetDevice(previous);
+    }
+  } restore;
   auto fail = [&](cudaError_t e, const char* what) {
     cudaGetLastError();
     error err = cuda_error(e, what);

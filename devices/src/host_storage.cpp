@@ -1,7 +1,9 @@
 #include "devrt/devices/host_storage.hpp"
 
 #include <sys/mman.h>
+#include <sys/sysinfo.h>
 
+#include <algorithm>
 #include <cstring>
 #include <new>
 
@@ -10,9 +12,20 @@ namespace devrt::devices {
 namespace {
 // Pages at least this large come from mmap: zero-filled by the kernel and committed lazily.
 constexpr std::uint64_t mmap_threshold = 1ULL << 21;
+
+// What the machine can back at all: physical memory plus swap. Address ranges are reserved with
+// MAP_NORESERVE and memory is committed lazily, so without this bound the kernel grants mappings
+// far beyond the machine and the process is killed later, when the pages are touched.
+std::uint64_t machine_memory() noexcept {
+  struct sysinfo si {};
+  if (::sysinfo(&si) != 0) return 0;
+  const std::uint64_t unit = si.mem_unit == 0 ? 1 : si.mem_unit;
+  return (static_cast<std::uint64_t>(si.totalram) + static_cast<std::uint64_t>(si.totalswap)) * unit;
+}
 }  // namespace
 
-host_storage::host_storage(host_options opts) : opts_(opts) {
+host_storage::host_storage(host_options opts)
+    : opts_(opts), limit_(opts.capacity != 0 ? opts.capacity : machine_memory()) {
   if (opts_.alignment == 0 || (opts_.alignment & (opts_.alignment - 1)) != 0 || opts_.alignment > 4096) {
     error e = error::make(errc::invalid_argument, "the host alignment must be a power of two no larger than 4096");
     e.size = opts_.alignment;
@@ -37,12 +50,10 @@ result<memory::storage_handle> host_storage::alloc(std::uint64_t size) {
     error e = error::make(errc::out_of_memory, why);
     e.size = size;
     e.in_use = allocated_;
-    e.limit = opts_.capacity;
+    e.limit = limit_;
     return e;
   };
-  if (opts_.capacity != 0 && size > opts_.capacity - std::min(allocated_, opts_.capacity)) {
-    return refuse("host capacity reached");
-  }
+  if (!fits(size)) return refuse(opts_.capacity != 0 ? "host capacity reached" : "the host has no more memory");
   page p{nullptr, size, false};
   if (size >= mmap_threshold) {
     void* m = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
@@ -152,14 +163,16 @@ result<void> host_storage::map(memory::storage_id range, std::uint64_t offset, s
     error e = error::make(errc::out_of_memory, why);
     e.size = size;
     e.in_use = allocated_;
-    e.limit = opts_.capacity;
+    e.limit = limit_;
     return e;
   };
-  if (opts_.capacity != 0 && size > opts_.capacity - std::min(allocated_, opts_.capacity)) {
-    return refuse("host capacity reached");
-  }
-  if (::mprotect(static_cast<std::byte*>(p->ptr) + offset, size, PROT_READ | PROT_WRITE) != 0) {
-    return refuse("mprotect refused access to the range");
+  if (!fits(size)) return refuse(opts_.capacity != 0 ? "host capacity reached" : "the host has no more memory");
+  // A fixed mapping without MAP_NORESERVE over the granules (not mprotect, which would leave them
+  // unaccounted): the kernel charges them to the commit limit, so under strict overcommit it
+  // refuses here rather than killing the process when the pages are touched.
+  void* at = static_cast<std::byte*>(p->ptr) + offset;
+  if (::mmap(at, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0) == MAP_FAILED) {
+    return refuse("the system refused to commit the memory");
   }
   for (std::uint64_t k = offset / p->unit; k < (offset + size) / p->unit; ++k) p->unit_mapped[k] = 1;
   p->length[offset / p->unit] = size / p->unit;
@@ -174,9 +187,9 @@ void host_storage::unmap(memory::storage_id range, std::uint64_t offset, std::ui
   p->length[offset / p->unit] = 0;
   for (std::uint64_t k = offset / p->unit; k < (offset + size) / p->unit; ++k) p->unit_mapped[k] = 0;
   void* at = static_cast<std::byte*>(p->ptr) + offset;
-  // The pages go back to the kernel; mapping them again gives zero-filled memory.
-  ::madvise(at, size, MADV_DONTNEED);
-  ::mprotect(at, size, PROT_NONE);
+  // A fresh reservation over the granules: the pages and their commit charge go back to the
+  // kernel at once; mapping them again gives zero-filled memory.
+  ::mmap(at, size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1, 0);
   p->range_mapped -= size;
   allocated_ -= size;
 }

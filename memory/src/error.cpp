@@ -30,6 +30,7 @@ const char* to_string(errc c) noexcept {
     case errc::device_error: return "device_error";
     case errc::task_failed: return "task_failed";
     case errc::unsupported: return "unsupported";
+    case errc::would_deadlock: return "would_deadlock";
   }
   return "unknown";
 }
@@ -104,6 +105,11 @@ std::string error::message() const {
     case errc::device_error: return fmt::format("device error: {}{}", detail, where);
     case errc::task_failed: return fmt::format("a submitted task failed: {}{}", detail, where);
     case errc::unsupported: return fmt::format("not supported by this device: {}{}", detail, where);
+    case errc::would_deadlock:
+      return fmt::format(
+          "would deadlock: {}; a function given to submit runs on the device's thread, which serves the "
+          "request only after the function returns: chain the request with a callback or wait outside submit",
+          detail);
   }
   return "unknown devrt error";
 }

@@ -137,6 +137,7 @@ descriptor* descriptor::create() {
 }
 
 void descriptor::destroy(descriptor* d) noexcept {
+  d->failure.reset();
   if (cache.gone) {
     delete d;
     return;

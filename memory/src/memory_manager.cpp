@@ -299,9 +299,8 @@ result<slice_view> memory_manager::find(const detail::descriptor* d) const {
   return visit_pool(pools_[loc.pool], [&](const auto& pool) { return pool.find(d); });
 }
 
-// `reserved` is taken by value: bind consumes it, so the caller's copy is dropped on return.
-result<void> memory_manager::bind(memory_handle reserved,  // NOLINT(performance-unnecessary-value-param)
-                                  const memory_handle& assigned, std::uint64_t cursor) {
+// `reserved` is consumed (reset) only when the bind succeeds; on failure the caller keeps it.
+result<void> memory_manager::bind(memory_handle&& reserved, const memory_handle& assigned, std::uint64_t cursor) {
   process_releases();
   detail::descriptor* dr = reserved.raw();
   detail::descriptor* da = assigned.raw();
@@ -321,6 +320,7 @@ result<void> memory_manager::bind(memory_handle reserved,  // NOLINT(performance
   if (r) {
     da->stream = stream;
     da->place(ptr, bytes);
+    reserved.reset();  // consumed only on success: a failed bind leaves the memory with the caller
   }
   return r;
 }

@@ -42,6 +42,29 @@ result<log_level> parse_log_level(std::string_view text) {
   return config_error(std::string(text), "the log level is one of disabled, basic, full");
 }
 
+result<std::vector<int>> parse_device_list(std::string_view text) {
+  const std::string_view all = trim(text);
+  if (all == "none") return std::vector<int>{};
+  auto bad = [&](const char* why) { return config_error(std::string(text), why); };
+  if (all.empty()) return bad("a list of CUDA device indices such as 0,2 (or none)");
+  std::vector<int> out;
+  std::string_view rest = all;
+  for (;;) {
+    const std::size_t comma = rest.find(',');
+    const std::string_view item = trim(rest.substr(0, comma));
+    if (item.empty() || item.size() > 6 ||
+        !std::all_of(item.begin(), item.end(), [](char c) { return c >= '0' && c <= '9'; })) {
+      return bad("a CUDA device index is a non-negative integer; write indices separated by commas, such as 0,2");
+    }
+    const int index = std::stoi(std::string(item));
+    if (std::find(out.begin(), out.end(), index) != out.end()) return bad("a CUDA device is listed twice");
+    out.push_back(index);
+    if (comma == std::string_view::npos) break;
+    rest = rest.substr(comma + 1);
+  }
+  return out;
+}
+
 const char* to_string(log_level l) noexcept {
   switch (l) {
     case log_level::disabled: return "disabled";
@@ -74,12 +97,16 @@ result<void> apply_config_text(runtime_config& cfg, std::string_view text, std::
       auto l = parse_log_level(value);
       if (!l) return config_error(where, "log_level is one of disabled, basic, full");
       cfg.log = *l;
+    } else if (key == "cuda_devices") {
+      auto d = parse_device_list(value);
+      if (!d) return config_error(where, "cuda_devices is a list of CUDA device indices such as 0,2, or none");
+      cfg.cuda_devices = std::move(*d);
     } else if (key == "pools" || key == "layout") {
       return config_error(where,
                           "pool layouts are not read from config files; set them with configure() or a "
                           "tool's --layout option");
     } else {
-      return config_error(where, "unknown setting (known: persistent_memory, log_level)");
+      return config_error(where, "unknown setting (known: persistent_memory, log_level, cuda_devices)");
     }
   }
   return {};
@@ -120,6 +147,15 @@ result<runtime_config> load_config(const std::optional<std::string>& file, const
     auto l = parse_log_level(*v);
     if (!l) return config_error(fmt::format("DEVRT_LOG_LEVEL={}", *v), "the log level is one of disabled, basic, full");
     cfg.log = *l;
+  }
+  if (auto v = env("DEVRT_CUDA_DEVICES")) {
+    auto d = parse_device_list(*v);
+    if (!d) {
+      return config_error(fmt::format("DEVRT_CUDA_DEVICES={}", *v),
+                          "a list of CUDA device indices such as 0,2 (as the CUDA runtime numbers them, after "
+                          "CUDA_VISIBLE_DEVICES), or none");
+    }
+    cfg.cuda_devices = std::move(*d);
   }
   return cfg;
 }

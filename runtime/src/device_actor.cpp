@@ -4,6 +4,8 @@
 #include <boost/asio/defer.hpp>
 #include <boost/asio/post.hpp>
 
+#include "devrt/runtime/future.hpp"
+
 namespace devrt::runtime {
 
 const char* to_string(device_kind k) noexcept {
@@ -39,36 +41,30 @@ void actor_core::create(std::uint64_t size, const memory::memory_handle& handle,
     r = std::move(b).err();
   }
   SPDLOG_LOGGER_INFO(log_, "[{}] create({}) failed: {}", info_.name, size, r.err().message());
-  if (failure_order_.size() >= max_remembered_failures) {
-    failures_.erase(failure_order_.front());
-    failure_order_.pop_front();
-  }
-  failures_.insert_or_assign(handle.id().value, r.err());
-  failure_order_.push_back(handle.id().value);
+  handle.raw()->failure = std::make_unique<const error>(std::move(r).err());
 }
 
-error actor_core::explain(const error& e, memory::memory_id id) const {
-  if (e.code != errc::not_found) return e;
-  auto it = failures_.find(id.value);
-  return it == failures_.end() ? e : it->second;
+error actor_core::explain(const error& e, const memory::memory_binding& b) {
+  if (e.code != errc::not_found || b.raw() == nullptr || b.raw()->failure == nullptr) return e;
+  return *b.raw()->failure;
 }
 
 result<memory::resource> actor_core::get_resource(const memory::memory_binding& b, std::optional<std::uint64_t> start,
                                                   std::optional<std::uint64_t> end) {
   auto r = manager_->get_resource(b, start, end);
-  if (!r) return explain(r.err(), b.id());
+  if (!r) return explain(r.err(), b);
   return r;
 }
 
 result<std::uint64_t> actor_core::size_of(const memory::memory_binding& b) {
   auto s = manager_->get_storage(b);
-  if (!s) return explain(s.err(), b.id());
+  if (!s) return explain(s.err(), b);
   return s->size;
 }
 
 result<void> actor_core::write(const memory::memory_binding& b, const void* src, std::uint64_t size) {
   auto s = manager_->get_storage(b);
-  if (!s) return explain(s.err(), b.id());
+  if (!s) return explain(s.err(), b);
   if (size > s->size) {
     error e = error::make(errc::invalid_argument, "more bytes written than the allocation holds");
     e.size = size;
@@ -80,13 +76,13 @@ result<void> actor_core::write(const memory::memory_binding& b, const void* src,
 
 result<void> actor_core::read(const memory::memory_binding& b, void* dst, std::uint64_t size) {
   auto s = manager_->get_storage(b);
-  if (!s) return explain(s.err(), b.id());
+  if (!s) return explain(s.err(), b);
   return manager_->backing_storage().read(s->offset_end(s->size - size), dst);
 }
 
 result<memory::ticket> actor_core::read_async(const memory::memory_binding& b, void* dst, std::uint64_t size) {
   auto s = manager_->get_storage(b);
-  if (!s) return explain(s.err(), b.id());
+  if (!s) return explain(s.err(), b);
   return manager_->backing_storage().read_async(s->offset_end(s->size - size), dst, b.raw()->stream);
 }
 
@@ -182,7 +178,10 @@ device_actor::device_actor(device_info info, std::unique_ptr<memory::memory_mana
       idle_spin_(idle_spin),
       core_(std::make_unique<actor_core>(std::move(manager), std::move(log), info_)),
       poll_timer_(strand_) {
-  thread_ = std::thread([this] { io_.run(); });
+  thread_ = std::thread([this] {
+    detail::current_device = this;  // futures of this device refuse to block here (future.hpp)
+    io_.run();
+  });
   SPDLOG_LOGGER_INFO(log_, "[{}] memory actor started: {}", info_.name, core_->manager().report());
 }
 

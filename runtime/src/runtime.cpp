@@ -6,6 +6,7 @@
 
 #include <spdlog/sinks/stdout_sinks.h>
 #include <spdlog/spdlog.h>
+#include <algorithm>
 
 namespace devrt::runtime {
 
@@ -44,27 +45,50 @@ runtime::runtime(runtime_options opts) {
   auto cfg = resolve_config(opts);
   if (!cfg) throw exception(std::move(cfg).err());
   config_ = *cfg;
+  if (opts.cuda_devices) config_.cuda_devices = opts.cuda_devices;
   log_ = std::make_shared<spdlog::logger>("devrt", std::make_shared<spdlog::sinks::stderr_sink_mt>());
   log_->set_level(spdlog_level(config_.log));
   log_->set_pattern("[%H:%M:%S.%e] [devrt] [%l] %v");
   completions_ = &completion_pool(opts.completion_threads);
+  idle_spin_ = opts.idle_spin;
+  cuda_layout_ = opts.cuda_layout;
 
-  try {
-    add_device(device_info{device_kind::host, 0, "host", {}}, memory::storage::make<devices::host_storage>(opts.host),
-               opts.host_layout, opts.idle_spin);
-    if (opts.sim) {
-      add_device(device_info{device_kind::sim, 0, "sim", {}}, memory::storage::make<devices::sim_storage>(*opts.sim),
-                 opts.sim_layout, opts.idle_spin);
-    }
-#ifdef DEVRT_WITH_CUDA
-    if (opts.use_cuda) {
-      const int n = devices::cuda_device_count();
-      for (int i = 0; i < n; ++i) {
-        add_device(device_info{device_kind::cuda, i, "cuda:" + std::to_string(i), {}},
-                   memory::storage::make<devices::cuda_storage>(i), opts.cuda_layout, opts.idle_spin);
+  // The CUDA devices are chosen now and validated whether or not devrt has CUDA; their actors are
+  // created by `client`, on first use.
+  if (config_.cuda_devices) {
+    for (std::size_t i = 0; i < config_.cuda_devices->size(); ++i) {
+      const int d = (*config_.cuda_devices)[i];
+      const bool repeated =
+          std::find(config_.cuda_devices->begin(), config_.cuda_devices->begin() + static_cast<std::ptrdiff_t>(i), d) !=
+          config_.cuda_devices->begin() + static_cast<std::ptrdiff_t>(i);
+      if (d < 0 || repeated) {
+        error e = error::make(errc::invalid_argument,
+                              d < 0 ? "a CUDA device index is not negative (runtime_options::cuda_devices)"
+                                    : "a CUDA device is listed twice (runtime_options::cuda_devices)");
+        e.text = std::to_string(d);
+        throw exception(e);
       }
     }
+  }
+#ifdef DEVRT_WITH_CUDA
+  if (opts.use_cuda) cuda_visible_ = devices::cuda_device_count();
 #endif
+  if (config_.cuda_devices) {
+    for (const int d : *config_.cuda_devices) {
+      if (d < cuda_visible_) cuda_devices_.push_back(d);
+    }
+    std::sort(cuda_devices_.begin(), cuda_devices_.end());
+  } else {
+    for (int d = 0; d < cuda_visible_; ++d) cuda_devices_.push_back(d);
+  }
+
+  try {
+    actors_.push_back(make_actor(device_info{device_kind::host, 0, "host", {}},
+                                 memory::storage::make<devices::host_storage>(opts.host), opts.host_layout));
+    if (opts.sim) {
+      actors_.push_back(make_actor(device_info{device_kind::sim, 0, "sim", {}},
+                                   memory::storage::make<devices::sim_storage>(*opts.sim), opts.sim_layout));
+    }
   } catch (...) {
     shutdown();
     throw;
@@ -81,42 +105,90 @@ result<std::unique_ptr<runtime>> runtime::create(runtime_options opts) {
 
 runtime::~runtime() { shutdown(); }
 
-void runtime::add_device(device_info info, memory::storage store, const memory::memory_layout& layout,
-                         std::chrono::microseconds idle_spin) {
+std::shared_ptr<device_actor> runtime::make_actor(device_info info, memory::storage store,
+                                                  const memory::memory_layout& layout) const {
   info.properties = store.properties();
   auto manager = std::make_unique<memory::memory_manager>(
       std::move(store), memory::manager_options{info.name, layout, config_.persistent_memory, std::nullopt});
-  actors_.push_back(std::make_shared<device_actor>(std::move(info), std::move(manager), completions_->get_executor(),
-                                                   log_, idle_spin));
+  return std::make_shared<device_actor>(std::move(info), std::move(manager), completions_->get_executor(), log_,
+                                        idle_spin_);
 }
 
 void runtime::shutdown() noexcept {
-  if (stopped_) return;
-  stopped_ = true;
-  for (auto& a : actors_) a->shutdown();
+  std::vector<std::shared_ptr<device_actor>> actors;
+  {
+    std::lock_guard lock(mutex_);
+    if (stopped_) return;
+    stopped_ = true;
+    actors = actors_;
+  }
+  for (auto& a : actors) a->shutdown();
   // Completions already handed to the completion threads run there; nothing is dropped.
 }
 
+const std::shared_ptr<device_actor>* runtime::find(device_kind kind, int index) const {
+  for (const auto& a : actors_) {
+    if (a->info().kind == kind && a->info().index == index) return &a;
+  }
+  return nullptr;
+}
+
 std::vector<device_info> runtime::devices() const {
+  std::lock_guard lock(mutex_);
   std::vector<device_info> out;
-  out.reserve(actors_.size());
-  for (const auto& a : actors_) out.push_back(a->info());
+  out.reserve(actors_.size() + cuda_devices_.size());
+  for (const auto& a : actors_) {
+    if (a->info().kind != device_kind::cuda) out.push_back(a->info());
+  }
+  for (const int d : cuda_devices_) {
+    const auto* a = find(device_kind::cuda, d);
+    out.push_back(a != nullptr ? (*a)->info() : device_info{device_kind::cuda, d, "cuda:" + std::to_string(d), {}});
+  }
   return out;
 }
 
 int runtime::count(device_kind kind) const {
+  if (kind == device_kind::cuda) return static_cast<int>(cuda_devices_.size());
+  std::lock_guard lock(mutex_);
   int n = 0;
   for (const auto& a : actors_) n += a->info().kind == kind ? 1 : 0;
   return n;
 }
 
+bool runtime::started(device_kind kind, int index) const {
+  std::lock_guard lock(mutex_);
+  return find(kind, index) != nullptr;
+}
+
 compute_client runtime::client(device_kind kind, int index) const {
-  for (const auto& a : actors_) {
-    if (a->info().kind == kind && a->info().index == index) return compute_client(a);
+  std::lock_guard lock(mutex_);
+  if (const auto* a = find(kind, index)) return compute_client(*a);
+  auto missing = [&](const char* why) {
+    error e = error::make(errc::not_found, why);
+    e.text = std::string(to_string(kind)) + ":" + std::to_string(index);
+    return exception(e);
+  };
+  if (kind != device_kind::cuda) throw missing("no device of that kind and index; runtime::devices() lists them");
+#ifndef DEVRT_WITH_CUDA
+  throw missing("no such CUDA device: devrt was built without CUDA");
+#else
+  if (index < 0 || index >= cuda_visible_) {
+    throw missing(cuda_visible_ == 0 ? "no such CUDA device: the CUDA runtime shows none (see CUDA_VISIBLE_DEVICES)"
+                                     : "no such CUDA device: the index is past the devices the CUDA runtime shows "
+                                       "(CUDA_VISIBLE_DEVICES applies); runtime::devices() lists them");
   }
-  error e = error::make(errc::not_found, "no device of that kind and index; runtime::devices() lists them");
-  e.text = std::string(to_string(kind)) + ":" + std::to_string(index);
-  throw exception(e);
+  if (std::find(cuda_devices_.begin(), cuda_devices_.end(), index) == cuda_devices_.end()) {
+    throw missing("the CUDA device is not among those chosen (runtime_options::cuda_devices, DEVRT_CUDA_DEVICES)");
+  }
+  if (stopped_) {
+    throw exception(error::make(errc::shutdown, "the runtime shut down before this CUDA device was first used"));
+  }
+  // First use: the context, stream and actor of this device only. cuda_storage leaves the calling
+  // thread's current device as it was.
+  actors_.push_back(make_actor(device_info{device_kind::cuda, index, "cuda:" + std::to_string(index), {}},
+                               memory::storage::make<devices::cuda_storage>(index), cuda_layout_));
+  return compute_client(actors_.back());
+#endif
 }
 
 }  // namespace devrt::runtime

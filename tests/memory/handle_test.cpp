@@ -566,6 +566,24 @@ TEST(HandleConcurrency, ConcurrentLastDropsWhileTheOwnerReserves) {
 
 // ---- Handles that outlive their manager ----
 
+/// Whether every descriptor of `old` was given back for reuse: fresh handles made on this thread
+/// come from its cache and then from the process-wide pool, most recently freed first, so making
+/// a few more than were freed meets each of them again. A descriptor leaked (or still referenced)
+/// never comes back.
+::testing::AssertionResult all_recycled(const std::set<const void*>& old) {
+  std::vector<memory_handle> fresh;
+  fresh.reserve(old.size() + 256);
+  std::set<const void*> seen;
+  for (std::size_t i = 0; i < old.size() + 256; ++i) {
+    fresh.push_back(memory_handle::make());
+    seen.insert(fresh.back().raw());
+  }
+  std::size_t missing = 0;
+  for (const void* d : old) missing += seen.count(d) == 0 ? 1 : 0;
+  if (missing == 0) return ::testing::AssertionSuccess();
+  return ::testing::AssertionFailure() << missing << " of " << old.size() << " descriptors were not recycled";
+}
+
 TEST(HandleLifetime, HandlesOutliveTheirManager) {
   auto m = make_manager();
   std::vector<memory_handle> handles;
@@ -596,24 +614,39 @@ TEST(HandleLifetime, HandlesOutliveTheirManager) {
   handles[30].reset();
   handles[31] = handles[32];
 
+  std::vector<memory_id> ids;
+  std::set<const void*> descriptors;
+  for (const auto& h : handles) {
+    ids.push_back(h.id());
+    if (!h.empty()) descriptors.insert(h.raw());
+  }
+  for (const auto& b : bindings) descriptors.insert(b.raw());
+
   m.reset();
 
-  // Copying, converting and dropping must stay safe (run under ASan).
+  // Copying, converting and dropping stay safe (run under ASan) and keep exact counts.
   std::vector<memory_handle> copies = handles;
   std::vector<memory_binding> more;
   for (auto& h : handles) more.push_back(h.binding());  // NOLINT(performance-inefficient-vector-operation)
-  for (auto& h : copies) {
-    if (!h.empty()) {
-      EXPECT_GE(h.use_count(), 2u);
-    }
+  for (std::size_t i = 0; i < handles.size(); ++i) {
+    EXPECT_EQ(handles[i].id(), ids[i]) << i;
+    EXPECT_EQ(copies[i], handles[i]) << i;
   }
+  EXPECT_TRUE(handles[30].empty());
+  EXPECT_EQ(handles[31].use_count(), 4u);  // handles[31], handles[32] and their copies
+  EXPECT_EQ(handles[0].use_count(), 2u);   // bindings do not count
+  EXPECT_EQ(assigned.use_count(), 3u);
   for (std::size_t i = 0; i < handles.size(); i += 2) handles[i].reset();
+  EXPECT_EQ(copies[0].use_count(), 1u);
+  EXPECT_TRUE(copies[0].can_mut());
+  EXPECT_EQ(copies[31].use_count(), 3u);
   copies.clear();
   bindings.clear();
   more.clear();
   handles.clear();
   assigned.reset();
-  SUCCEED();
+  // Nothing refers to the descriptors any more: every one was freed, none leaked.
+  EXPECT_TRUE(all_recycled(descriptors));
 }
 
 TEST(HandleLifetime, ManagerDestroyedWhileOtherThreadsDropHandles) {
@@ -644,10 +677,16 @@ TEST(HandleLifetime, ManagerDestroyedWhileOtherThreadsDropHandles) {
       });
     }
     while (dropped.load(std::memory_order_relaxed) < count) std::this_thread::yield();
+    // Drops race with the owner's own calls too: the manager stays consistent meanwhile.
+    EXPECT_EQ(m->check_invariants(), "");
+    EXPECT_LE(m->usage().number_allocs, count);
     m.reset();  // while the threads are still dropping
     for (auto& th : pool) th.join();
+    EXPECT_EQ(dropped.load(), count * threads);
+    for (const auto& mine : per_thread) {
+      EXPECT_TRUE(std::all_of(mine.begin(), mine.end(), [](const memory_handle& h) { return h.empty(); }));
+    }
   }
-  SUCCEED();
 }
 
 TEST(HandleLifetime, HandlesDroppedFromAnotherThreadAfterTheManagerIsGone) {
@@ -656,16 +695,24 @@ TEST(HandleLifetime, HandlesDroppedFromAnotherThreadAfterTheManagerIsGone) {
   handles.reserve(100);
   for (int i = 0; i < 100; ++i) handles.push_back(reserve_ok(*m, 32 * static_cast<std::uint64_t>(i + 1)));
   std::vector<memory_handle> theirs = handles;
+  std::set<const void*> descriptors;
+  for (const auto& h : handles) descriptors.insert(h.raw());
   m.reset();
+  for (const auto& h : handles) ASSERT_EQ(h.use_count(), 2u);
   std::thread t([v = std::move(theirs)]() mutable {
     for (auto& h : v) {
       memory_handle c = h;
       h.reset();
     }
   });
-  handles.clear();
   t.join();
-  SUCCEED();
+  // The other thread's drops reached the shared descriptors without a manager.
+  for (const auto& h : handles) {
+    EXPECT_EQ(h.use_count(), 1u);
+    EXPECT_TRUE(h.can_mut());
+  }
+  handles.clear();  // the last references: freed on this thread, so they come back here
+  EXPECT_TRUE(all_recycled(descriptors));
 }
 
 }  // namespace

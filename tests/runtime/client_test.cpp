@@ -147,25 +147,25 @@ TEST_F(Client, GetResourceWithOffsets) {
   ASSERT_EQ(full.size, 1024u);
   const auto* base = static_cast<const std::byte*>(full.ptr);
 
-  auto both = c.get_resource(h.binding(), boost::asio::use_future, 100, 200).get();
+  auto both = c.get_resource(h.binding(), 100, 200).get();
   EXPECT_EQ(both.ptr, base + 100);
   EXPECT_EQ(both.size, 1024u - 100 - 200);
 
-  auto front = c.get_resource(h.binding(), boost::asio::use_future, 100).get();
+  auto front = c.get_resource(h.binding(), 100, std::nullopt).get();
   EXPECT_EQ(front.ptr, base + 100);
   EXPECT_EQ(front.size, 924u);
 
-  auto back = c.get_resource(h.binding(), boost::asio::use_future, std::nullopt, 24).get();
+  auto back = c.get_resource(h.binding(), std::nullopt, 24).get();
   EXPECT_EQ(back.ptr, base);
   EXPECT_EQ(back.size, 1000u);
 
-  auto empty_view = c.get_resource(h.binding(), boost::asio::use_future, 1024).get();
+  auto empty_view = c.get_resource(h.binding(), 1024, std::nullopt).get();
   EXPECT_EQ(empty_view.size, 0u);
 
-  auto past = failure_of(c.get_resource(h.binding(), boost::asio::use_future, 2000));
+  auto past = failure_of(c.get_resource(h.binding(), 2000, std::nullopt));
   EXPECT_EQ(past.code, errc::invalid_argument) << past.what;
-  EXPECT_NE(past.code.message().find("2000"), std::string::npos) << past.code.message();
-  auto too_much = failure_of(c.get_resource(h.binding(), boost::asio::use_future, 100, 1000));
+  EXPECT_NE(past.what.find("2000"), std::string::npos) << past.what;
+  auto too_much = failure_of(c.get_resource(h.binding(), 100, 1000));
   EXPECT_EQ(too_much.code, errc::invalid_argument) << too_much.what;
 }
 
@@ -196,7 +196,7 @@ TEST_F(Client, WritePrefixAndOversizedWrite) {
 
   auto f = failure_of(c.write(h.binding(), pattern(3, 101)));
   EXPECT_EQ(f.code, errc::invalid_argument) << f.what;
-  EXPECT_NE(f.code.message().find("101 > 100"), std::string::npos) << f.code.message();
+  EXPECT_NE(f.what.find("101 > 100"), std::string::npos) << f.what;
   EXPECT_TRUE(c.read(h.binding()).get() == back) << "a refused write changes nothing";
 }
 
@@ -262,7 +262,7 @@ TEST_F(Client, SubmitThatThrowsCompletesWithTaskFailed) {
   auto f = failure_of(c.submit({}, [](submit_context&) -> int { throw std::runtime_error("boom: kernel 7 failed"); }));
   EXPECT_FALSE(f.threw_other) << f.other;
   EXPECT_EQ(f.code, errc::task_failed);
-  EXPECT_NE(f.code.message().find("boom: kernel 7 failed"), std::string::npos) << f.code.message();
+  EXPECT_NE(f.what.find("boom: kernel 7 failed"), std::string::npos) << f.what;
   EXPECT_NE(f.what.find("boom: kernel 7 failed"), std::string::npos) << f.what;
 
   // A devrt::exception keeps its own kind.
@@ -271,11 +271,11 @@ TEST_F(Client, SubmitThatThrowsCompletesWithTaskFailed) {
     throw devrt::exception(e);
   }));
   EXPECT_EQ(g.code, errc::invalid_argument);
-  EXPECT_NE(g.code.message().find("launch grid too large"), std::string::npos) << g.code.message();
+  EXPECT_NE(g.what.find("launch grid too large"), std::string::npos) << g.what;
 
   auto h = failure_of(c.submit({}, [](submit_context&) { throw 17; }));
   EXPECT_EQ(h.code, errc::task_failed);
-  EXPECT_NE(h.code.message().find("non-standard"), std::string::npos) << h.code.message();
+  EXPECT_NE(h.what.find("non-standard"), std::string::npos) << h.what;
 
   // The actor keeps serving.
   EXPECT_EQ(c.submit({}, [](submit_context&) { return 1; }).get(), 1);
@@ -322,8 +322,8 @@ TEST(ClientConfigure, InvalidLayoutFailsAtOnceAndNothingReachesTheActor) {
   std::vector<pool_config> bad{sliced_pool_config{mib, 4 * mib}};
   auto f = failure_of(c.configure(bad));
   EXPECT_EQ(f.code, errc::slice_larger_than_page) << f.what;
-  EXPECT_NE(f.code.message().find("4194304"), std::string::npos) << f.code.message();
-  EXPECT_NE(f.code.message().find("1048576"), std::string::npos) << f.code.message();
+  EXPECT_NE(f.what.find("4194304"), std::string::npos) << f.what;
+  EXPECT_NE(f.what.find("1048576"), std::string::npos) << f.what;
   EXPECT_NE(f.what.find("max_slice_size"), std::string::npos) << f.what;
 
   auto g = failure_of(c.configure(std::vector<pool_config>{}));
@@ -333,12 +333,11 @@ TEST(ClientConfigure, InvalidLayoutFailsAtOnceAndNothingReachesTheActor) {
   auto z = failure_of(c.configure(std::vector<pool_config>{sliced_pool_config{0}}));
   EXPECT_EQ(z.code, errc::zero_size) << z.what;
 
-  std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  EXPECT_EQ(actor->messages_processed(), 0u) << "an invalid layout must not be posted to the actor";
-  EXPECT_EQ(actor->drains(), 0u);
-  // A valid request does reach it (the counter works).
+  // A valid request does reach the actor; once it is counted, the count shows it was the only
+  // message (no waiting for a guessed time in which a stray message would have arrived).
   (void)c.memory_usage().get();
-  EXPECT_TRUE(devrt_test::wait_until([&] { return actor->messages_processed() == 1; }));
+  EXPECT_TRUE(devrt_test::wait_until([&] { return actor->messages_processed() >= 1; }));
+  EXPECT_EQ(actor->messages_processed(), 1u) << "an invalid layout must not be posted to the actor";
 }
 
 TEST_F(Client, ConfigureKeepsTheLayoutWhileMemoryIsLiveAndAppliesAfterRelease) {

@@ -50,25 +50,41 @@ constexpr std::uint64_t gib = 1ULL << 30;
 
 bool contains(const std::string& s, const std::string& needle) { return s.find(needle) != std::string::npos; }
 
-/// Runs `op(token)` through a future, a callback, a coroutine (use_awaitable) and
-/// as_tuple(use_awaitable), and checks that each completes with `expected` and a message holding
-/// every needle.
+/// Runs `op(token)` through devrt's future, Asio's std::future, a callback, a coroutine
+/// (use_awaitable) and as_tuple(use_awaitable), and checks that each completes with `expected`.
+/// The error's values (every needle) reach the caller in devrt's future's exception, which holds
+/// the devrt::error; the other tokens get the code, whose message names the kind (see error.hpp).
 template <class Op>
 void expect_error_in_every_style(Op op, errc expected, const std::vector<std::string>& needles) {
-  // 1. use_future: get() throws system_error whose code and what() carry the full message.
+  // 1. devrt's future: get() throws devrt::runtime::system_error with the code, the error and its
+  //    full message in what().
   {
-    SCOPED_TRACE("use_future");
+    SCOPED_TRACE("devrt::runtime::use_future");
+    auto f = op(devrt::runtime::use_future);
+    try {
+      (void)f.get();
+      ADD_FAILURE() << "no exception";
+    } catch (const devrt::runtime::system_error& e) {
+      EXPECT_EQ(e.code(), expected) << e.what();
+      EXPECT_EQ(e.code().category().name(), std::string("devrt"));
+      EXPECT_EQ(e.err().code, expected);
+      EXPECT_EQ(std::string(e.what()), e.err().message());
+      for (const auto& n : needles) EXPECT_TRUE(contains(e.what(), n)) << "what() lacks '" << n << "': " << e.what();
+    } catch (const std::exception& e) {
+      ADD_FAILURE() << "a devrt future must throw devrt::runtime::system_error, got: " << e.what();
+    }
+  }
+  // 2. Asio's use_future: get() throws boost::system::system_error with the code.
+  {
+    SCOPED_TRACE("asio::use_future");
     auto f = failure_of(op(asio::use_future));
     EXPECT_FALSE(f.threw_other) << "a future must throw boost::system::system_error, got: " << f.other;
     EXPECT_EQ(f.code, expected) << f.code.message();
     EXPECT_EQ(f.code.category().name(), std::string("devrt"));
     EXPECT_EQ(devrt::runtime::to_errc(f.code), expected);
-    for (const auto& n : needles) {
-      EXPECT_TRUE(contains(f.code.message(), n)) << "code().message() lacks '" << n << "': " << f.code.message();
-      EXPECT_TRUE(contains(f.what, n)) << "what() lacks '" << n << "': " << f.what;
-    }
+    EXPECT_TRUE(contains(f.code.message(), devrt::to_string(expected))) << f.code.message();
   }
-  // 2. A callback: gets the code, on a thread other than the caller's.
+  // 3. A callback: gets the code, on a thread other than the caller's.
   {
     SCOPED_TRACE("callback");
     std::promise<std::pair<error_code, std::thread::id>> p;
@@ -78,16 +94,14 @@ void expect_error_in_every_style(Op op, errc expected, const std::vector<std::st
     auto [ec, thread] = fut.get();
     EXPECT_EQ(ec, expected) << ec.message();
     EXPECT_NE(thread, std::this_thread::get_id()) << "a callback must not run inline on the caller's thread";
-    for (const auto& n : needles) EXPECT_TRUE(contains(ec.message(), n)) << ec.message();
   }
-  // 3. A coroutine with use_awaitable: the co_await throws system_error.
+  // 4. A coroutine with use_awaitable: the co_await throws system_error.
   {
     SCOPED_TRACE("use_awaitable");
     asio::io_context io;
     bool threw = false;
     bool finished = false;
     error_code caught;
-    std::string what;
     asio::co_spawn(
         io,
         [&]() -> asio::awaitable<void> {
@@ -96,7 +110,6 @@ void expect_error_in_every_style(Op op, errc expected, const std::vector<std::st
           } catch (const boost::system::system_error& e) {
             threw = true;
             caught = e.code();
-            what = e.what();
           }
           finished = true;
         },
@@ -105,9 +118,8 @@ void expect_error_in_every_style(Op op, errc expected, const std::vector<std::st
     EXPECT_TRUE(finished);
     EXPECT_TRUE(threw) << "the awaited operation did not throw";
     EXPECT_EQ(caught, expected) << caught.message();
-    for (const auto& n : needles) EXPECT_TRUE(contains(what, n)) << what;
   }
-  // 4. as_tuple(use_awaitable): the code comes back without an exception.
+  // 5. as_tuple(use_awaitable): the code comes back without an exception.
   {
     SCOPED_TRACE("as_tuple(use_awaitable)");
     asio::io_context io;
@@ -124,7 +136,6 @@ void expect_error_in_every_style(Op op, errc expected, const std::vector<std::st
     io.run();
     EXPECT_TRUE(finished);
     EXPECT_EQ(got, expected) << got.message();
-    for (const auto& n : needles) EXPECT_TRUE(contains(got.message(), n)) << got.message();
   }
 }
 
@@ -142,7 +153,7 @@ TEST_F(Errors, BufferTooBig) {
   expect_error_in_every_style(
       [&](auto&& token) { return c.reserve(std::uint64_t{1} << 63, std::forward<decltype(token)>(token)); },
       errc::buffer_too_big, {"9223372036854775808"});
-  EXPECT_EQ(c.statistics().get().failed_reserves, 8u);
+  EXPECT_EQ(c.statistics().get().failed_reserves, 10u);  // five styles, two sizes
   EXPECT_EQ(c.memory_usage().get().bytes_reserved, 0u) << "nothing was allocated";
 }
 
@@ -191,8 +202,8 @@ TEST_F(Errors, AlreadyBound) {
   memory_handle first = c.reserve(64).get();
   memory_handle target = memory_handle::make();
   c.bind(std::move(first), target).get();
-  std::vector<memory_handle> spares;
-  for (int i = 0; i < 4; ++i) spares.push_back(c.reserve(64).get());
+  std::vector<memory_handle> spares;  // one per completion style
+  for (int i = 0; i < 5; ++i) spares.push_back(c.reserve(64).get());
   int next = 0;
   expect_error_in_every_style(
       [&](auto&& token) { return c.bind(spares[next++], target, std::forward<decltype(token)>(token)); },
@@ -368,7 +379,7 @@ TEST(ErrorsOutOfMemory, ReclaimThenRetrySucceedsOnceCachedPagesAreFreed) {
                               errc::out_of_memory,
                               {"out of device memory", "refused 1048576 bytes", "capacity 4194304"});
   s = c.statistics().get();
-  EXPECT_EQ(s.reclaims, 5u) << "one reclaim per failing reserve";
+  EXPECT_EQ(s.reclaims, 6u) << "one reclaim per failing reserve";
   EXPECT_EQ(c.check_invariants().get(), "");
 
   // The manager stays consistent: freeing memory makes the reserve work again.
@@ -467,7 +478,12 @@ TEST(ErrorsShutdown, RequestsQueuedAtShutdownCompleteWithShutdown) {
   std::vector<std::future<memory_handle>> queued;
   for (int i = 0; i < 100; ++i) queued.push_back(c.reserve(1000));
   std::thread stopper([&] { rt.shutdown(); });
-  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  // Open the gate only once the stopper has closed the mailbox, not after a guessed delay: while
+  // the strand is blocked, nothing but the close can complete a request, so a probe that completes
+  // proves the queued reserves were answered with shutdown.
+  auto probe = c.memory_usage();
+  ASSERT_EQ(probe.wait_for(std::chrono::seconds(60)), std::future_status::ready) << "the mailbox never closed";
+  EXPECT_EQ(failure_of(probe).code, errc::shutdown);
   gate.set_value();
   stopper.join();
   EXPECT_EQ(blocker.get(), 5) << "the request being served finishes";

@@ -143,7 +143,7 @@ void client_loop(compute_client c, bool data, unsigned seed, outcome& out, const
           voids.push_back(c.write(h.binding(), std::vector<std::byte>(256, std::byte{7})));
           reads.push_back(c.read(h.binding()));
         } else {
-          resources.push_back(c.get_resource(h.binding(), boost::asio::use_future, 16, 16));
+          resources.push_back(c.get_resource(h.binding(), 16, 16, boost::asio::use_future));
         }
         break;
       }

@@ -6,6 +6,7 @@
 // Threading: owned by one memory manager; called only from its owner thread.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
 #include <unordered_map>
@@ -16,9 +17,11 @@
 namespace devrt::devices {
 
 struct host_options {
-  std::uint64_t alignment = 64;                ///< a power of two
-  std::uint64_t max_page_size = 1ULL << 30;    ///< largest page the layouts ask for
-  std::uint64_t capacity = 0;                  ///< refuse allocations past this many bytes (0: no limit)
+  std::uint64_t alignment = 64;              ///< a power of two
+  std::uint64_t max_page_size = 1ULL << 30;  ///< largest page the layouts ask for
+  /// Refuse allocations and mappings past this many bytes (0: the machine's physical memory plus
+  /// swap, read at construction).
+  std::uint64_t capacity = 0;
   std::uint64_t map_granularity = 1ULL << 21;  ///< unit of mapping into ranges (0: no ranges); a page multiple
 };
 
@@ -62,6 +65,9 @@ class host_storage {
   void release_range(memory::storage_id range);
 
   [[nodiscard]] std::uint64_t allocated_bytes() const noexcept { return allocated_; }
+  /// The bytes past which allocations and mappings are refused: the capacity, or the machine's
+  /// memory and swap when no capacity was given.
+  [[nodiscard]] std::uint64_t limit() const noexcept { return limit_; }
   [[nodiscard]] std::size_t page_count() const noexcept { return pages_.size(); }
 
  private:
@@ -79,8 +85,12 @@ class host_storage {
   };
   page* find_range(memory::storage_id id, std::uint64_t offset, std::uint64_t size);
   void release(const page& p) noexcept;
+  [[nodiscard]] bool fits(std::uint64_t size) const noexcept {
+    return limit_ == 0 || size <= limit_ - std::min(allocated_, limit_);
+  }
 
   host_options opts_;
+  std::uint64_t limit_ = 0;  // 0 only when the machine's memory could not be read
   std::unordered_map<memory::storage_id, page> pages_;
   std::vector<memory::storage_id> pending_;
   std::uint64_t allocated_ = 0;

@@ -43,6 +43,7 @@ enum class errc : int {
   device_error = 40,    ///< the storage backend failed (driver error, failed flush)
   task_failed = 41,     ///< a function submitted to a device threw
   unsupported = 42,     ///< the device does not offer the operation (e.g. mapping on a device without it)
+  would_deadlock = 43,  ///< a wait on the device's own thread for a request that only that thread can serve
 };
 
 /// Whether an error kind means the layout or configuration given was invalid.
@@ -108,10 +109,13 @@ class [[nodiscard]] result {
     check();
     return std::move(std::get<0>(v_));
   }
-  T& operator*() & { return std::get<0>(v_); }
-  T&& operator*() && { return std::move(std::get<0>(v_)); }
-  T* operator->() { return &std::get<0>(v_); }
-  const T* operator->() const { return &std::get<0>(v_); }
+  // Checked like value(): on an error they throw devrt::exception with its message, never
+  // std::bad_variant_access, whose text says nothing about what went wrong.
+  T& operator*() & { return value(); }
+  const T& operator*() const& { return value(); }
+  T&& operator*() && { return std::move(*this).value(); }
+  T* operator->() { return &value(); }
+  const T* operator->() const { return &value(); }
 
   [[nodiscard]] const error& err() const& { return std::get<1>(v_); }
   [[nodiscard]] error&& err() && { return std::move(std::get<1>(v_)); }

@@ -14,8 +14,10 @@
 
 #include <atomic>
 #include <cstdint>
+#include <memory>
 #include <utility>
 
+#include "devrt/memory/error.hpp"
 #include "devrt/memory/stream.hpp"
 
 namespace devrt::memory {
@@ -79,6 +81,10 @@ struct descriptor {
     address.store(ptr, std::memory_order_relaxed);
     bytes.store(size, std::memory_order_relaxed);
   }
+  // Why giving memory to this identity failed (a client's create), so that its later uses report
+  // that failure for as long as the identity lives, however many others failed. Owner thread only;
+  // allocated only on failure, freed with the descriptor.
+  std::unique_ptr<const error> failure;
 
   static std::uint64_t total(std::uint64_t s) noexcept { return s & total_mask; }
   static std::uint64_t handles(std::uint64_t s) noexcept { return (s & handle_mask) >> 32; }

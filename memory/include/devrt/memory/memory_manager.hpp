@@ -93,8 +93,13 @@ class memory_manager {
   /// Gives the memory of `reserved` to `assigned` (a fresh identity from `memory_handle::make()`);
   /// copies of `reserved` become stale and resolve to not_found. Errors: not_found (reserved is
   /// uninitialized, stale or from another manager), already_bound (assigned has memory).
-  result<void> bind(memory_handle reserved,  // NOLINT(performance-unnecessary-value-param): consumed
-                    const memory_handle& assigned, std::uint64_t cursor = 0);
+  /// `reserved` is consumed (left empty) only on success; on failure it still holds its memory.
+  result<void> bind(memory_handle&& reserved, const memory_handle& assigned, std::uint64_t cursor = 0);
+  /// The same with the caller's handle kept: a copy is bound, so on success `reserved` turns stale
+  /// like every other copy, and on failure it still holds the memory.
+  result<void> bind(const memory_handle& reserved, const memory_handle& assigned, std::uint64_t cursor = 0) {
+    return bind(memory_handle(reserved), assigned, cursor);
+  }
 
   result<std::uint64_t> get_cursor(const memory_binding& b);
   result<std::uint64_t> get_cursor(const memory_handle& h);

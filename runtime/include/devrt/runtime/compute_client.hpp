@@ -27,6 +27,7 @@
 #include <cstddef>
 #include <exception>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <type_traits>
@@ -150,11 +151,12 @@ result<R> invoke_body(Body& body, actor_core& core) noexcept {
 /// Completes `handler` with `r` here and now (devrt's future, whose completion only publishes).
 template <class R, class Handler>
 void complete_now(Handler& handler, result<R> r) {
-  const error_code ec = r ? error_code() : to_error_code(r.err());
-  if constexpr (std::is_void_v<R>) {
-    std::move(handler)(ec);
+  if (!r) {
+    handler.fail(std::move(r).err());  // the future keeps the error's values
+  } else if constexpr (std::is_void_v<R>) {
+    std::move(handler)(error_code());
   } else {
-    std::move(handler)(ec, r ? std::move(*r) : R{});
+    std::move(handler)(error_code(), std::move(*r));
   }
 }
 
@@ -179,10 +181,12 @@ class compute_client {
  public:
   using default_token = use_future_t;
 
+  /// A client of no device: every operation on it throws devrt::exception (invalid_argument);
+  /// get one from `runtime::client`.
   compute_client() = default;
   explicit compute_client(std::shared_ptr<device_actor> actor) : actor_(std::move(actor)) {}
 
-  [[nodiscard]] const device_info& device() const { return actor_->info(); }
+  [[nodiscard]] const device_info& device() const { return require()->info(); }
   [[nodiscard]] bool valid() const noexcept { return actor_ != nullptr; }
   [[nodiscard]] const std::shared_ptr<device_actor>& actor() const noexcept { return actor_; }
 
@@ -190,36 +194,22 @@ class compute_client {
   /// The building block of every operation below.
   template <class R, class Token, class Body>
   auto async_run(Body&& body, Token&& token) const {
-    return boost::asio::async_initiate<Token, typename detail::signature<R>::type>(
-        [](auto handler, const std::shared_ptr<device_actor>& actor, std::decay_t<Body> b) {
-          if constexpr (detail::is_future_handler_v<decltype(handler)>) {
-            // devrt's future is completed on the strand itself: no executor, no hop.
-            actor->post(message([h = std::move(handler), b = std::move(b)](actor_core* core, const error* e) mutable {
-              detail::complete_now<R>(h, core != nullptr ? detail::invoke_body<R>(b, *core) : result<R>(*e));
-            }));
-            return;
-          }
-          auto ex = boost::asio::get_associated_executor(handler, actor->completion_executor());
-          auto work = boost::asio::prefer(ex, boost::asio::execution::outstanding_work.tracked);
-          actor->post(message([h = std::move(handler), b = std::move(b), w = std::move(work)](actor_core* core,
-                                                                                              const error* e) mutable {
-            if (core != nullptr) {
-              detail::complete<R>(h, w, detail::invoke_body<R>(b, *core));
-            } else {
-              detail::complete<R>(h, w, result<R>(*e));
-            }
-          }));
-        },
-        token, actor_, std::forward<Body>(body));
+    return async_run_raw<R>([b = std::forward<Body>(body)](
+                                actor_core& core, auto finish) mutable { finish(detail::invoke_body<R>(b, core)); },
+                            std::forward<Token>(token));
   }
 
   /// Like `async_run`, for bodies that complete later: `body(actor_core&, finish)` calls
-  /// `finish(result<R>)` exactly once, on the strand, now or from parked work.
+  /// `finish(result<R>)` exactly once, on the strand, now or from work parked on a ticket.
   template <class R, class Token, class Body>
   auto async_run_raw(Body&& body, Token&& token) const {
+    (void)require();
     return boost::asio::async_initiate<Token, typename detail::signature<R>::type>(
         [](auto handler, const std::shared_ptr<device_actor>& actor, std::decay_t<Body> b) {
           if constexpr (detail::is_future_handler_v<decltype(handler)>) {
+            // devrt's future is completed on the strand itself: no executor, no hop. A wait for it
+            // on that strand's own thread fails at once rather than hang (see future.hpp).
+            handler.completed_by(actor.get());
             actor->post(message([h = std::move(handler), b = std::move(b)](actor_core* core, const error* e) mutable {
               auto finish = [h = std::move(h)](result<R> r) mutable { detail::complete_now<R>(h, std::move(r)); };
               if (core == nullptr) {
@@ -251,6 +241,7 @@ class compute_client {
   /// side). Completes through the handler's executor, never inline.
   template <class R, class Token>
   auto async_fail(error e, Token&& token) const {
+    (void)require();
     return boost::asio::async_initiate<Token, typename detail::signature<R>::type>(
         [](auto handler, const std::shared_ptr<device_actor>& actor, const error& err) {
           if constexpr (detail::is_future_handler_v<decltype(handler)>) {
@@ -317,8 +308,9 @@ class compute_client {
   /// with this thread's later messages. If that fails, later operations on the handle report the
   /// failure.
   [[nodiscard]] memory_handle create(std::uint64_t size, memory::stream s = {}) const {
+    const auto& actor = require();
     memory_handle h = memory_handle::make();
-    actor_->post(message([size, h, q = s.id()](actor_core* core, const error*) {
+    actor->post(message([size, h, q = s.id()](actor_core* core, const error*) {
       if (core != nullptr) core->create(size, h, q);
     }));
     return h;
@@ -329,7 +321,7 @@ class compute_client {
   /// the work queued on `s` by then is done. Ordered before a drop that follows it in this thread.
   void record_stream(const memory_handle& h, memory::stream s) const { record_stream(h.binding(), s); }
   void record_stream(memory_binding b, memory::stream s) const {
-    actor_->post(message([b = std::move(b), q = s.id()](actor_core* core, const error*) {
+    require()->post(message([b = std::move(b), q = s.id()](actor_core* core, const error*) {
       if (core != nullptr) (void)core->manager().record_stream(b, q);
     }));
   }
@@ -343,18 +335,27 @@ class compute_client {
                            std::forward<Token>(token));
   }
 
-  /// Gives the memory of `reserved` to `assigned` (a fresh `memory_handle::make()`).
+  /// Gives the memory of `reserved` to `assigned` (a fresh `memory_handle::make()`). The message
+  /// binds a copy and the caller keeps `reserved` (even when passed with std::move): on success
+  /// it turns stale like every copy of a bound handle (drop it), and on failure it still holds
+  /// the memory, so nothing is lost to a failed bind.
   template <class Token = default_token>
-  auto bind(memory_handle reserved, memory_handle assigned, Token&& token = {}) const {
-    return async_run<void>([r = std::move(reserved), a = std::move(assigned)](
-                               actor_core& c) mutable { return c.manager().bind(std::move(r), a); },
-                           std::forward<Token>(token));
+  auto bind(const memory_handle& reserved, memory_handle assigned, Token&& token = {}) const {
+    return async_run<void>(
+        [r = reserved, a = std::move(assigned)](actor_core& c) mutable { return c.manager().bind(std::move(r), a); },
+        std::forward<Token>(token));
   }
 
-  /// The resource (pointer, size) of an allocation, optionally trimmed at either end.
+  /// The resource (pointer, size) of an allocation.
   template <class Token = default_token>
-  auto get_resource(memory_binding b, Token&& token = {}, std::optional<std::uint64_t> offset_start = {},
-                    std::optional<std::uint64_t> offset_end = {}) const {
+  requires(!std::is_convertible_v<Token, std::optional<std::uint64_t>>) auto get_resource(memory_binding b,
+                                                                                          Token&& token = {}) const {
+    return get_resource(std::move(b), std::nullopt, std::nullopt, std::forward<Token>(token));
+  }
+  /// The resource of an allocation trimmed at either end (the token last, as in Asio).
+  template <class Token = default_token>
+  auto get_resource(memory_binding b, std::optional<std::uint64_t> offset_start,
+                    std::optional<std::uint64_t> offset_end = {}, Token&& token = {}) const {
     return async_run<memory::resource>([b = std::move(b), offset_start, offset_end](
                                            actor_core& c) { return c.get_resource(b, offset_start, offset_end); },
                                        std::forward<Token>(token));
@@ -422,7 +423,7 @@ class compute_client {
   /// on the caller's side: an invalid layout fails at once with the validation error.
   template <class Token = default_token>
   auto configure(const memory::memory_layout& layout, Token&& token = {}) const {
-    auto resolved = memory::resolve_layout(layout, actor_->info().properties);
+    auto resolved = memory::resolve_layout(layout, require()->info().properties);
     if (!resolved) return async_fail<memory::configure_outcome>(std::move(resolved).err(), std::forward<Token>(token));
     return async_run<memory::configure_outcome>([layout](actor_core& c) { return c.manager().configure(layout); },
                                                 std::forward<Token>(token));
@@ -513,6 +514,15 @@ class compute_client {
 
  private:
   friend class persistent_scope;
+  /// The actor, or throws for a default-constructed client (which refers to no device).
+  const std::shared_ptr<device_actor>& require() const {
+    if (actor_ == nullptr) {
+      throw exception(error::make(errc::invalid_argument,
+                                  "this compute_client refers to no device (default-constructed); get one "
+                                  "from runtime::client, host(), sim() or cuda()"));
+    }
+    return actor_;
+  }
   std::shared_ptr<device_actor> actor_;
 };
 
@@ -539,6 +549,6 @@ class persistent_scope {
   std::shared_ptr<device_actor> actor_;
 };
 
-inline persistent_scope compute_client::persistent() const { return persistent_scope(actor_); }
+inline persistent_scope compute_client::persistent() const { return persistent_scope(require()); }
 
 }  // namespace devrt::runtime

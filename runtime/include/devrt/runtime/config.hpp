@@ -4,14 +4,16 @@
 // File format (one setting per line, `#` starts a comment):
 //     persistent_memory = size-match      # enabled | size-match | disabled | enforced
 //     log_level = basic                   # disabled | basic | full
-// Environment (overrides the file): DEVRT_PERSISTENT_MEMORY, DEVRT_LOG_LEVEL, and DEVRT_CONFIG,
-// the path of the file.
+//     cuda_devices = 0,2                  # CUDA device indices to use, or none
+// Environment (overrides the file): DEVRT_PERSISTENT_MEMORY, DEVRT_LOG_LEVEL, DEVRT_CUDA_DEVICES,
+// and DEVRT_CONFIG, the path of the file.
 #pragma once
 
 #include <functional>
 #include <optional>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "devrt/memory/config.hpp"
 #include "devrt/memory/error.hpp"
@@ -25,9 +27,15 @@ enum class log_level { disabled, basic, full };
 result<log_level> parse_log_level(std::string_view text);
 const char* to_string(log_level l) noexcept;
 
+/// A list of CUDA device indices: "0,2" (commas, optional spaces; no duplicates), or "none" for
+/// the empty list. Error malformed_config quoting the text.
+result<std::vector<int>> parse_device_list(std::string_view text);
+
 struct runtime_config {
   memory::persistent_policy persistent_memory = memory::persistent_policy::enabled;
   log_level log = log_level::disabled;
+  /// The CUDA devices to use (indices as the CUDA runtime numbers them); nullopt: every one.
+  std::optional<std::vector<int>> cuda_devices;
 };
 
 /// Applies the settings of a config file's text to `cfg`. `origin` names the file in errors.

@@ -55,11 +55,11 @@ class actor_core {
   /// Reserve with out-of-memory recovery: on out_of_memory, one reclaim (explicit cleanup and
   /// flush) and one retry.
   result<memory::memory_handle> reserve(std::uint64_t size, memory::queue_id q = memory::queue::device);
-  /// Reserves and binds `handle` (the second half of a client's create). A failure is remembered
-  /// so that later uses of the handle report it.
+  /// Reserves and binds `handle` (the second half of a client's create). A failure is kept with
+  /// the handle's identity (its descriptor) so that later uses of the handle report it.
   void create(std::uint64_t size, const memory::memory_handle& handle, memory::queue_id q = memory::queue::device);
   /// Turns a not_found for a handle whose create failed into that failure.
-  error explain(const error& e, memory::memory_id id) const;
+  static error explain(const error& e, const memory::memory_binding& b);
 
   result<memory::resource> get_resource(const memory::memory_binding& b, std::optional<std::uint64_t> start = {},
                                         std::optional<std::uint64_t> end = {});
@@ -93,12 +93,9 @@ class actor_core {
   [[nodiscard]] bool parked() const noexcept { return !parked_.empty(); }
 
  private:
-  static constexpr std::size_t max_remembered_failures = 1024;
   std::unique_ptr<memory::memory_manager> manager_;
   std::shared_ptr<spdlog::logger> log_;
   device_info info_;
-  std::unordered_map<std::uint64_t, error> failures_;
-  std::deque<std::uint64_t> failure_order_;
   int persistent_depth_ = 0;
   std::vector<std::pair<memory::ticket, message>> parked_;
 };

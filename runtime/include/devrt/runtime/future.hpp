@@ -9,11 +9,19 @@
 // exchange, and a wake-up only when the client already sleeps.
 //
 // It behaves as a std::future (valid, get, wait, wait_for, wait_until; get throws
-// boost::system::system_error carrying devrt's error) and converts to one by moving:
+// devrt::runtime::system_error, a boost::system::system_error holding devrt's error with its
+// values) and converts to one by moving:
 //
 //     devrt::runtime::future<memory_handle> f = client.reserve(1 << 20);   // the default token
 //     std::future<memory_handle> g = client.reserve(1 << 20);              // converts
 //     auto h = client.reserve(1 << 20, boost::asio::use_future).get();     // Asio's std::future
+//
+// Waiting on the device's own thread: a function given to `submit` runs on the device thread, and
+// a request of the same device is served by that thread only after the function returns. So
+// `get` and `wait` there, on a future of that device that is not ready, throw system_error with
+// errc::would_deadlock at once instead of hanging every client of the device; a timed wait
+// returns `timeout` at once. (A std::future converted from it, or Asio's use_future, cannot be
+// checked: do not block on those on a device thread.)
 #pragma once
 
 #include <atomic>
@@ -28,6 +36,7 @@
 #include <type_traits>
 #include <utility>
 
+#include "devrt/runtime/error.hpp"
 #include "devrt/runtime/spin.hpp"
 
 namespace devrt::runtime {
@@ -40,6 +49,10 @@ inline constexpr use_future_t use_future{};
 inline constexpr std::chrono::microseconds future_spin{20};
 
 namespace detail {
+
+/// The device whose thread is the calling thread (set by the device thread when it starts), else
+/// nullptr. Identifies the device only; never dereferenced.
+inline thread_local const void* current_device = nullptr;
 
 /// Blocks while `word` holds `expected`, for at most `timeout` when given (spurious returns
 /// allowed). Linux futex.
@@ -69,6 +82,15 @@ class future_state {
     }
     publish();
   }
+  /// Writes a failure with its values and publishes it.
+  void fail(error e) {
+    ec_ = to_error_code(e);
+    error_ = std::make_unique<error>(std::move(e));
+    publish();
+  }
+  /// The device that completes this future: waiting for it on that device's thread would never
+  /// end.
+  void completed_by(const void* device) noexcept { device_ = device; }
   /// The handler went away without completing: the future reports a broken promise.
   void abandon() noexcept {
     broken_ = true;
@@ -85,6 +107,12 @@ class future_state {
   bool wait(const std::chrono::nanoseconds* timeout) {
     if (is_ready()) return true;
     if (timeout != nullptr && timeout->count() <= 0) return false;  // a poll: no waiter announced
+    if (device_ != nullptr && device_ == current_device) {
+      // Only this thread can complete the future, and it would be asleep waiting for it.
+      if (timeout != nullptr) return false;
+      throw system_error(
+          error::make(errc::would_deadlock, "a request of this device was waited for on the device's own thread"));
+    }
     const auto start = std::chrono::steady_clock::now();
     const auto spin = timeout != nullptr
                           ? std::min<std::chrono::microseconds>(
@@ -108,6 +136,7 @@ class future_state {
   /// The outcome, once ready: the value, or throws what the operation failed with.
   T take() {
     if (broken_) throw std::future_error(std::future_errc::broken_promise);
+    if (error_) throw system_error(*error_);
     if (ec_) throw boost::system::system_error(ec_);
     if constexpr (!std::is_void_v<T>) return std::move(*value_);
   }
@@ -128,6 +157,8 @@ class future_state {
     try {
       if (broken_) {
         promise_->set_exception(std::make_exception_ptr(std::future_error(std::future_errc::broken_promise)));
+      } else if (error_) {
+        promise_->set_exception(std::make_exception_ptr(system_error(*error_)));
       } else if (ec_) {
         promise_->set_exception(std::make_exception_ptr(boost::system::system_error(ec_)));
       } else if constexpr (std::is_void_v<T>) {
@@ -142,6 +173,8 @@ class future_state {
 
   std::atomic<std::uint32_t> refs_{2};
   boost::system::error_code ec_;
+  std::unique_ptr<error> error_;  // a failure's values; allocated only on failure
+  const void* device_ = nullptr;
   bool broken_ = false;
   std::optional<std::conditional_t<std::is_void_v<T>, no_value, T>> value_;
   std::unique_ptr<std::promise<T>> promise_;
@@ -169,6 +202,13 @@ class future_handler {
     s->complete(ec, std::forward<V>(v)...);
     s->release();
   }
+  /// Completes with a failure and its values (what the future's get throws).
+  void fail(error e) {
+    future_state<T>* s = std::exchange(s_, nullptr);
+    s->fail(std::move(e));
+    s->release();
+  }
+  void completed_by(const void* device) noexcept { s_->completed_by(device); }
 
  private:
   future_state<T>* s_;
@@ -206,7 +246,7 @@ class future {
   [[nodiscard]] bool valid() const noexcept { return s_ != nullptr; }
 
   /// Waits for the result (polling first) and returns it, or throws what the operation failed
-  /// with (boost::system::system_error carrying devrt's error). The future is then invalid.
+  /// with (devrt::runtime::system_error carrying devrt's error). The future is then invalid.
   /// Throws std::future_error (no_state) on an invalid future.
   T get() {
     state().wait(nullptr);

@@ -2,6 +2,12 @@
 // completion handlers on a small pool of threads, loads the configuration, and shuts everything
 // down in order.
 //
+// CUDA devices: the runtime uses the devices the CUDA runtime shows (CUDA_VISIBLE_DEVICES applies;
+// devrt never sets it), or those of `runtime_options::cuda_devices` / DEVRT_CUDA_DEVICES, and
+// creates a device's context, stream and actor only when `client` is first asked for it (under
+// torchrun, each process touches only its own GPU). Neither that nor the start changes the
+// calling thread's current CUDA device.
+//
 //     devrt::runtime::runtime rt;                 // host device, configuration from the environment
 //     auto client = rt.host();
 //     auto h = client.reserve(1 << 20).get();
@@ -13,6 +19,7 @@
 #include <boost/asio/thread_pool.hpp>
 #include <chrono>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <vector>
@@ -32,8 +39,13 @@ struct runtime_options {
   /// Adds a simulated device (index 0 of kind sim) with these options.
   std::optional<devices::sim_options> sim;
   memory::memory_layout sim_layout = memory::preset::automatic;
-  /// Gives every CUDA device found an actor (when devrt is built with CUDA).
+  /// Uses CUDA devices (when devrt is built with CUDA).
   bool use_cuda = true;
+  /// Which CUDA devices to use, by index as the CUDA runtime numbers them (after
+  /// CUDA_VISIBLE_DEVICES). nullopt: DEVRT_CUDA_DEVICES (or the config file's cuda_devices) if
+  /// set, else every visible device. Negative or repeated indices are refused (invalid_argument);
+  /// an index that is not a device is a not_found error from `client`.
+  std::optional<std::vector<int>> cuda_devices;
   memory::memory_layout cuda_layout = memory::preset::automatic;
   /// Config file; by default DEVRT_CONFIG names it, if set.
   std::optional<std::string> config_file;
@@ -67,24 +79,38 @@ class runtime {
   /// the runtime stay safe to copy and drop. Idempotent.
   void shutdown() noexcept;
 
+  /// The usable devices. A CUDA device whose actor was not created yet is listed with its kind,
+  /// index and name, and empty properties.
   [[nodiscard]] std::vector<device_info> devices() const;
-  /// The client of a device. Throws devrt::exception (not_found) if there is no such device.
+  /// The client of a device; a CUDA device's storage and actor are created on the first call
+  /// (thread-safe). Throws devrt::exception: not_found if there is no such device (or it is not
+  /// among the CUDA devices chosen), shutdown for a device first asked for after shutdown,
+  /// device_error if the device cannot be used.
   [[nodiscard]] compute_client client(device_kind kind, int index = 0) const;
   [[nodiscard]] compute_client host() const { return client(device_kind::host); }
   [[nodiscard]] compute_client sim() const { return client(device_kind::sim); }
   [[nodiscard]] compute_client cuda(int index = 0) const { return client(device_kind::cuda, index); }
-  /// Number of devices of a kind.
+  /// Number of usable devices of a kind (CUDA devices count before their actors exist).
   [[nodiscard]] int count(device_kind kind) const;
+  /// Whether the device's actor runs (CUDA actors start on the first `client` call).
+  [[nodiscard]] bool started(device_kind kind, int index = 0) const;
   [[nodiscard]] const runtime_config& config() const noexcept { return config_; }
 
  private:
-  void add_device(device_info info, memory::storage store, const memory::memory_layout& layout,
-                  std::chrono::microseconds idle_spin);
+  std::shared_ptr<device_actor> make_actor(device_info info, memory::storage store,
+                                           const memory::memory_layout& layout) const;
+  [[nodiscard]] const std::shared_ptr<device_actor>* find(device_kind kind, int index) const;
 
   runtime_config config_;
   std::shared_ptr<spdlog::logger> log_;
   boost::asio::thread_pool* completions_ = nullptr;  // process-wide, never stopped
-  std::vector<std::shared_ptr<device_actor>> actors_;
+  std::chrono::microseconds idle_spin_{0};
+  memory::memory_layout cuda_layout_;
+  std::vector<int> cuda_devices_;  // the usable CUDA devices, by CUDA index
+  int cuda_visible_ = 0;           // devices the CUDA runtime shows (0 without CUDA)
+  // Guards actors_ and stopped_: CUDA actors are added by `client` from any thread.
+  mutable std::mutex mutex_;
+  mutable std::vector<std::shared_ptr<device_actor>> actors_;
   bool stopped_ = false;
 };
 
