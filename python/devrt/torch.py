@@ -11,9 +11,11 @@ libdevrt_c.so), routes ``Tensor.record_stream`` to ``devrt_torch_record_stream``
 ``torch.cuda.empty_cache`` to devrt. PyTorch's own statistics functions do not work with a
 pluggable allocator; use ``memory_stats``, ``reset_peak_memory_stats`` and ``empty_cache`` here.
 
-Out of memory: PyTorch's pluggable allocator neither checks the pointer its malloc function returns
-nor has a way to report an error other than a C++ exception, which PyTorch turns into a
-``RuntimeError`` (pytorch/pytorch#133280) carrying devrt's message ("devrt_torch_malloc: 4294967296
+Out of memory: PyTorch's pluggable allocator does not check the pointer its malloc function
+returns (with PyTorch 2.11 a NULL becomes a tensor whose data_ptr() is 0, and the fault comes
+later, far from its cause), and its only error channel is a C++ exception, which PyTorch turns into
+a ``RuntimeError`` (pytorch/pytorch#133280) with the exception's message as is. So
+``devrt_torch_malloc`` throws, and the user gets devrt's message ("devrt_torch_malloc: 4294967296
 bytes on cuda:0: out of device memory: the device refused ..."). ``torch.OutOfMemoryError`` itself
 can only come from C++ code linked against c10, which this pure-Python package is not. So: wrap
 the code that may run out of memory in ``with devrt.torch.oom_errors():`` to get a
