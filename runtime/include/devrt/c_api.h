@@ -73,54 +73,54 @@ extern "C" {
 
 typedef enum devrt_status {
   DEVRT_SUCCESS = 0,
-  DEVRT_ERROR_OUT_OF_MEMORY = 1,     /* the device (or a capped pool) refused; free memory and retry */
-  DEVRT_ERROR_INVALID_VALUE = 2,     /* a null out-pointer or string, a bad option value */
-  DEVRT_ERROR_UNKNOWN_POINTER = 3,   /* the pointer was not allocated by devrt_malloc (or was freed long ago) */
-  DEVRT_ERROR_INVALID_DEVICE = 4,    /* no such device, or not the device the pointer belongs to */
-  DEVRT_ERROR_DOUBLE_FREE = 5,       /* the pointer was freed already and not allocated again since */
-  DEVRT_ERROR_SIZE_TOO_LARGE = 6,    /* size above DEVRT_MAX_ALLOCATION_SIZE */
-  DEVRT_ERROR_NO_POOL = 7,           /* no pool of the device's layout accepts the size */
-  DEVRT_ERROR_INVALID_LAYOUT = 8,    /* a layout string that does not parse or does not fit the device */
-  DEVRT_ERROR_BUSY = 9,              /* configure refused while memory of the current layout is live */
-  DEVRT_ERROR_NOT_INITIALIZED = 10,  /* devrt was shut down (devrt_init starts it again) */
+  DEVRT_ERROR_OUT_OF_MEMORY = 1,        /* the device (or a capped pool) refused; free memory and retry */
+  DEVRT_ERROR_INVALID_VALUE = 2,        /* a null out-pointer or string, a bad option value */
+  DEVRT_ERROR_UNKNOWN_POINTER = 3,      /* the pointer was not allocated by devrt_malloc (or was freed long ago) */
+  DEVRT_ERROR_INVALID_DEVICE = 4,       /* no such device, or not the device the pointer belongs to */
+  DEVRT_ERROR_DOUBLE_FREE = 5,          /* the pointer was freed already and not allocated again since */
+  DEVRT_ERROR_SIZE_TOO_LARGE = 6,       /* size above DEVRT_MAX_ALLOCATION_SIZE */
+  DEVRT_ERROR_NO_POOL = 7,              /* no pool of the device's layout accepts the size */
+  DEVRT_ERROR_INVALID_LAYOUT = 8,       /* a layout string that does not parse or does not fit the device */
+  DEVRT_ERROR_BUSY = 9,                 /* configure refused while memory of the current layout is live */
+  DEVRT_ERROR_NOT_INITIALIZED = 10,     /* devrt was shut down (devrt_init starts it again) */
   DEVRT_ERROR_ALREADY_INITIALIZED = 11, /* devrt_init while devrt runs */
-  DEVRT_ERROR_DEVICE = 12,           /* the driver failed */
-  DEVRT_ERROR_INTERNAL = 13          /* a bug in devrt: please report the message */
+  DEVRT_ERROR_DEVICE = 12,              /* the driver failed */
+  DEVRT_ERROR_INTERNAL = 13             /* a bug in devrt: please report the message */
 } devrt_status;
 
 /* Options of devrt_init. Fill with devrt_options_default, then change what you need. */
 typedef struct devrt_options {
-  int version;                /* DEVRT_C_API_VERSION */
-  int use_cuda;               /* nonzero: every CUDA device found (CUDA_VISIBLE_DEVICES chooses them) */
-  const char* host_layout;    /* layout string of the host device; NULL: "auto" */
-  const char* cuda_layout;    /* layout string of every CUDA device; NULL: "auto" */
-  const char* log_level;      /* "disabled", "basic", "full"; NULL: the configuration's */
-  uint64_t host_capacity;     /* bytes the host device may hold (0: no limit) */
-  int use_environment;        /* nonzero: read the DEVRT_* environment variables */
+  int version;             /* DEVRT_C_API_VERSION */
+  int use_cuda;            /* nonzero: every CUDA device found (CUDA_VISIBLE_DEVICES chooses them) */
+  const char* host_layout; /* layout string of the host device; NULL: "auto" */
+  const char* cuda_layout; /* layout string of every CUDA device; NULL: "auto" */
+  const char* log_level;   /* "disabled", "basic", "full"; NULL: the configuration's */
+  uint64_t host_capacity;  /* bytes the host device may hold (0: no limit) */
+  int use_environment;     /* nonzero: read the DEVRT_* environment variables */
 } devrt_options;
 
 /* Statistics of one device. Bytes "in use" are the sizes requested by live allocations, bytes
  * "reserved" what devrt holds from the driver. */
 typedef struct devrt_stats {
   uint64_t reserved_bytes;
-  uint64_t peak_reserved_bytes;   /* since start or devrt_reset_peak_stats */
+  uint64_t peak_reserved_bytes; /* since start or devrt_reset_peak_stats */
   uint64_t in_use_bytes;
-  uint64_t peak_in_use_bytes;     /* since start or devrt_reset_peak_stats */
+  uint64_t peak_in_use_bytes; /* since start or devrt_reset_peak_stats */
   uint64_t live_allocations;
-  uint64_t allocations;           /* successful allocations */
-  uint64_t frees;                 /* allocations freed */
-  uint64_t failed_allocations;    /* allocations that returned an error */
-  uint64_t out_of_memory_errors;  /* allocations that returned DEVRT_ERROR_OUT_OF_MEMORY */
-  uint64_t driver_allocs;         /* memory obtained from the driver (calls) */
-  uint64_t driver_frees;          /* memory returned to the driver (calls) */
-  uint64_t maps;                  /* memory mapped into address ranges (calls) */
-  uint64_t unmaps;                /* memory unmapped (calls) */
-  uint64_t device_refusals;       /* driver allocations refused by the device */
-  uint64_t cleanups;              /* explicit cleanups (devrt_empty_cache) */
-  uint64_t reclaims;              /* cleanups forced by an out-of-memory before one retry */
-  uint64_t stream_waits;          /* times devrt waited for streams to pass their frees */
-  uint64_t fences;                /* events recorded on streams for frees */
-  uint64_t streams;               /* streams using the device's memory */
+  uint64_t allocations;          /* successful allocations */
+  uint64_t frees;                /* allocations freed */
+  uint64_t failed_allocations;   /* allocations the device refused (rejected arguments do not count) */
+  uint64_t out_of_memory_errors; /* allocations that returned DEVRT_ERROR_OUT_OF_MEMORY */
+  uint64_t driver_allocs;        /* memory obtained from the driver (calls) */
+  uint64_t driver_frees;         /* memory returned to the driver (calls) */
+  uint64_t maps;                 /* memory mapped into address ranges (calls) */
+  uint64_t unmaps;               /* memory unmapped (calls) */
+  uint64_t device_refusals;      /* driver allocations refused by the device */
+  uint64_t cleanups;             /* explicit cleanups (devrt_empty_cache) */
+  uint64_t reclaims;             /* cleanups forced by an out-of-memory before one retry */
+  uint64_t stream_waits;         /* times devrt waited for streams to pass their frees */
+  uint64_t fences;               /* events recorded on streams for frees */
+  uint64_t streams;              /* streams using the device's memory */
 } devrt_stats;
 
 /* Fills `options` with the defaults (CUDA on, layouts "auto", no host cap, environment read). */
