@@ -6,7 +6,8 @@
 #
 # The package (lib/cmake/devrt) holds devrtConfig.cmake (finds Boost, fmt, spdlog, Threads and, in
 # CUDA builds, the CUDA toolkit), devrtConfigVersion.cmake and the exported targets devrt::memory,
-# devrt::devices, devrt::runtime and devrt::cuda. The tools install their programs into bin.
+# devrt::devices, devrt::runtime, devrt::cuda and devrt::c (libdevrt_c.so, the C interface). The
+# tools install their programs into bin.
 include(CMakePackageConfigHelpers)
 
 set(DEVRT_INSTALL_CMAKEDIR ${CMAKE_INSTALL_LIBDIR}/cmake/devrt CACHE STRING
@@ -16,6 +17,7 @@ set(_devrt_installed devrt_memory devrt_devices devrt_runtime)
 if(TARGET devrt_cuda)
   list(APPEND _devrt_installed devrt_cuda)
 endif()
+list(APPEND _devrt_installed devrt_c)  # the C interface, a shared library
 
 # Sanitizer builds: the libraries are instrumented, so whatever links them needs the sanitizer's
 # runtime too; the installed targets say so.
@@ -33,9 +35,10 @@ install(TARGETS ${_devrt_installed} EXPORT devrtTargets
         RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR}
         INCLUDES DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
 
-# Headers: include/devrt/{memory,devices,runtime}/*.hpp (the CUDA storage header only with CUDA).
+# Headers: include/devrt/{memory,devices,runtime}/*.hpp (the CUDA storage header only with CUDA)
+# and the C interface, include/devrt/c_api.h.
 install(DIRECTORY ${PROJECT_SOURCE_DIR}/memory/include/ ${PROJECT_SOURCE_DIR}/runtime/include/
-        DESTINATION ${CMAKE_INSTALL_INCLUDEDIR} FILES_MATCHING PATTERN "*.hpp")
+        DESTINATION ${CMAKE_INSTALL_INCLUDEDIR} FILES_MATCHING PATTERN "*.hpp" PATTERN "*.h")
 if(TARGET devrt_cuda)
   install(DIRECTORY ${PROJECT_SOURCE_DIR}/devices/include/ DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}
           FILES_MATCHING PATTERN "*.hpp")

@@ -435,6 +435,12 @@ const memory_statistics& memory_manager::statistics() {
   return stats_;
 }
 
+void memory_manager::reset_peaks() {
+  process_releases();
+  stats_.peak_bytes_reserved = stats_.bytes_reserved;
+  stats_.peak_bytes_in_use = stats_.bytes_in_use;
+}
+
 result<configure_outcome> memory_manager::configure(const memory_layout& layout) {
   process_releases();
   auto resolved = resolve_layout(layout, props_);

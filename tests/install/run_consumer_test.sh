@@ -14,7 +14,8 @@ prefix=${work}/prefix
 
 echo "== cmake --install ${build_dir} --prefix ${prefix}"
 "${cmake_cmd}" --install "${build_dir}" --prefix "${prefix}" >"${work}/install.log"
-for f in include/devrt/runtime/runtime.hpp include/devrt/memory/config.hpp include/devrt/devices/host_storage.hpp; do
+for f in include/devrt/runtime/runtime.hpp include/devrt/memory/config.hpp include/devrt/devices/host_storage.hpp \
+         include/devrt/c_api.h; do
   [ -f "${prefix}/${f}" ] || { echo "missing after install: ${f}"; exit 1; }
 done
 config=$(find "${prefix}" -name devrtConfig.cmake -print -quit)
@@ -31,5 +32,9 @@ out=$("${work}/build/devrt_consumer")
 echo "${out}"
 grep -q '^devrt consumer: reserved 1048576 bytes on host$' <<<"${out}"
 grep -q '^devrt consumer: ok$' <<<"${out}"
+echo "== run the C consumer"
+out=$("${work}/build/devrt_c_consumer")
+echo "${out}"
+grep -q '^devrt c consumer: ok$' <<<"${out}"
 rm -rf "${work}"
 echo "== consumer test passed"

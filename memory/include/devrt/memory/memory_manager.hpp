@@ -146,6 +146,9 @@ class memory_manager {
   memory_usage usage();
   /// Statistics, after processing the frees reported so far.
   const memory_statistics& statistics();
+  /// Sets the peaks of reserved and in-use bytes to their current values, after processing the
+  /// frees reported so far (as PyTorch's reset_peak_memory_stats). Counters are kept.
+  void reset_peaks();
   /// Readable report: the persistent pool, each dynamic pool with its pages, and a summary.
   std::string report();
   /// Expensive consistency check of every pool and counter. Empty when consistent; otherwise the

@@ -445,6 +445,17 @@ class compute_client {
         std::forward<Token>(token));
   }
 
+  /// Sets the peak reserved and in-use bytes to their current values (after the frees so far).
+  template <class Token = default_token>
+  auto reset_peak_statistics(Token&& token = {}) const {
+    return async_run<void>(
+        [](actor_core& c) {
+          c.manager().reset_peaks();
+          return result<void>();
+        },
+        std::forward<Token>(token));
+  }
+
   /// The manager's readable report.
   template <class Token = default_token>
   auto report(Token&& token = {}) const {

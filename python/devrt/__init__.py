@@ -1,0 +1,254 @@
+"""devrt from Python: a thin ctypes layer over libdevrt_c.so (devrt/c_api.h).
+
+    import devrt
+    devrt.init(use_cuda=False)                # optional: the first call starts devrt with defaults
+    ptr = devrt.malloc(1 << 20, device=devrt.HOST)
+    devrt.free(ptr, device=devrt.HOST)
+    print(devrt.stats(devrt.HOST)["in_use_bytes"])
+
+Devices: -1 (``HOST``) is the host, 0..N-1 the CUDA devices. Streams are ``cudaStream_t`` values as
+integers: ``None`` (or 0) is the device's own stream (devrt's), ``STREAM_LEGACY`` (1) CUDA's legacy
+default stream, ``STREAM_PER_THREAD`` (2) the per-thread default stream. Errors raise
+``DevrtError`` (``DevrtOutOfMemoryError`` for out of memory) with devrt's message.
+
+PyTorch and CuPy: ``devrt.torch.install()`` and ``devrt.cupy.install()``.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import threading
+from pathlib import Path
+from typing import Dict, Optional
+
+__all__ = [
+    "HOST", "STREAM_LEGACY", "STREAM_PER_THREAD", "DevrtError", "DevrtOutOfMemoryError", "lib", "library_path",
+    "init", "shutdown", "is_initialized", "device_count", "malloc", "free", "record_stream", "allocation_size",
+    "stats", "reset_peak_stats", "empty_cache", "configure", "last_error",
+]
+
+HOST = -1
+STREAM_LEGACY = 1
+STREAM_PER_THREAD = 2
+
+LIBRARY_NAME = "libdevrt_c.so"
+_C_API_VERSION = 1
+
+# Status codes of devrt/c_api.h.
+SUCCESS = 0
+ERROR_OUT_OF_MEMORY = 1
+ERROR_INVALID_VALUE = 2
+ERROR_UNKNOWN_POINTER = 3
+ERROR_INVALID_DEVICE = 4
+ERROR_DOUBLE_FREE = 5
+ERROR_SIZE_TOO_LARGE = 6
+ERROR_NO_POOL = 7
+ERROR_INVALID_LAYOUT = 8
+ERROR_BUSY = 9
+ERROR_NOT_INITIALIZED = 10
+ERROR_ALREADY_INITIALIZED = 11
+ERROR_DEVICE = 12
+ERROR_INTERNAL = 13
+
+
+class DevrtError(RuntimeError):
+    """A failed devrt call: ``status`` is the code of devrt/c_api.h, ``name`` its name, the message
+    devrt's (what was wrong, with the values)."""
+
+    def __init__(self, status: int, name: str, message: str):
+        super().__init__(f"{name}: {message}")
+        self.status = status
+        self.name = name
+        self.message = message
+
+
+class DevrtOutOfMemoryError(DevrtError, MemoryError):
+    """The device refused an allocation (free memory, ``empty_cache()``, and retry)."""
+
+
+class _Options(ctypes.Structure):
+    _fields_ = [
+        ("version", ctypes.c_int),
+        ("use_cuda", ctypes.c_int),
+        ("host_layout", ctypes.c_char_p),
+        ("cuda_layout", ctypes.c_char_p),
+        ("log_level", ctypes.c_char_p),
+        ("host_capacity", ctypes.c_uint64),
+        ("use_environment", ctypes.c_int),
+    ]
+
+
+_STAT_FIELDS = [
+    "reserved_bytes", "peak_reserved_bytes", "in_use_bytes", "peak_in_use_bytes", "live_allocations",
+    "allocations", "frees", "failed_allocations", "out_of_memory_errors", "driver_allocs", "driver_frees",
+    "maps", "unmaps", "device_refusals", "cleanups", "reclaims", "stream_waits", "fences", "streams",
+]
+
+
+class _Stats(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_uint64) for name in _STAT_FIELDS]
+
+
+_lib: Optional[ctypes.CDLL] = None
+_lib_path: Optional[str] = None
+_lock = threading.Lock()
+
+
+def _candidates():
+    env = os.environ.get("DEVRT_LIBRARY")
+    if env:
+        yield Path(env)
+        return  # named explicitly: nothing else is tried
+    here = Path(__file__).resolve().parent
+    yield here / LIBRARY_NAME
+    repo = here.parent.parent  # python/devrt -> the repository
+    for build in ("release", "debug"):
+        yield repo / "build" / build / "runtime" / LIBRARY_NAME
+        yield repo / "build" / build / LIBRARY_NAME
+
+
+def library_path() -> str:
+    """The path of libdevrt_c.so: ``$DEVRT_LIBRARY``, else next to this package, else the
+    repository's build/release, then build/debug. Raises FileNotFoundError naming what was tried."""
+    tried = []
+    for c in _candidates():
+        if c.is_file():
+            return str(c)
+        tried.append(str(c))
+    raise FileNotFoundError(
+        "devrt: libdevrt_c.so not found; tried " + ", ".join(tried)
+        + ". Build it (cmake --build build/release --target devrt_c) or set DEVRT_LIBRARY to its path.")
+
+
+def lib() -> ctypes.CDLL:
+    """The loaded libdevrt_c.so (loaded on first use, with its function prototypes)."""
+    global _lib, _lib_path
+    if _lib is not None:
+        return _lib
+    with _lock:
+        if _lib is None:
+            path = library_path()
+            l = ctypes.CDLL(path)
+            vp, i, sz = ctypes.c_void_p, ctypes.c_int, ctypes.c_size_t
+            for name, res, args in [
+                ("devrt_options_default", None, [ctypes.POINTER(_Options)]),
+                ("devrt_init", i, [ctypes.POINTER(_Options)]),
+                ("devrt_shutdown", i, []),
+                ("devrt_is_initialized", i, []),
+                ("devrt_last_error", ctypes.c_char_p, []),
+                ("devrt_status_name", ctypes.c_char_p, [i]),
+                ("devrt_device_count", i, [ctypes.POINTER(i)]),
+                ("devrt_malloc", i, [ctypes.POINTER(vp), sz, i, vp]),
+                ("devrt_free", i, [vp, i, vp]),
+                ("devrt_record_stream", i, [vp, vp]),
+                ("devrt_allocation_size", i, [vp, ctypes.POINTER(sz)]),
+                ("devrt_get_stats", i, [i, ctypes.POINTER(_Stats)]),
+                ("devrt_reset_peak_stats", i, [i]),
+                ("devrt_empty_cache", i, [i]),
+                ("devrt_configure", i, [i, ctypes.c_char_p]),
+            ]:
+                f = getattr(l, name)
+                f.restype = res
+                f.argtypes = args
+            _lib_path = path
+            _lib = l
+    return _lib
+
+
+def _check(status: int) -> None:
+    if status == SUCCESS:
+        return
+    l = lib()
+    name = l.devrt_status_name(status).decode()
+    message = l.devrt_last_error().decode(errors="replace")
+    cls = DevrtOutOfMemoryError if status == ERROR_OUT_OF_MEMORY else DevrtError
+    raise cls(status, name, message)
+
+
+def _stream(stream) -> Optional[int]:
+    return None if stream in (None, 0) else int(stream)
+
+
+def last_error() -> str:
+    """This thread's message of its last failed devrt call."""
+    return lib().devrt_last_error().decode(errors="replace")
+
+
+def init(use_cuda: bool = True, host_layout: Optional[str] = None, cuda_layout: Optional[str] = None,
+         log_level: Optional[str] = None, host_capacity: int = 0, use_environment: bool = True) -> None:
+    """Starts devrt (before any other call; the first call otherwise starts it with the defaults).
+    Layouts are layout strings ("auto", "arena", "sliced:page=64MiB,slice=8MiB", ...)."""
+    l = lib()
+    o = _Options()
+    l.devrt_options_default(ctypes.byref(o))
+    o.version = _C_API_VERSION
+    o.use_cuda = 1 if use_cuda else 0
+    o.host_layout = host_layout.encode() if host_layout is not None else None
+    o.cuda_layout = cuda_layout.encode() if cuda_layout is not None else None
+    o.log_level = log_level.encode() if log_level is not None else None
+    o.host_capacity = int(host_capacity)
+    o.use_environment = 1 if use_environment else 0
+    _check(l.devrt_init(ctypes.byref(o)))
+
+
+def shutdown() -> None:
+    """Frees every live allocation and stops devrt (``init`` starts it again)."""
+    _check(lib().devrt_shutdown())
+
+
+def is_initialized() -> bool:
+    return bool(lib().devrt_is_initialized())
+
+
+def device_count() -> int:
+    """Number of CUDA devices devrt uses."""
+    n = ctypes.c_int(0)
+    _check(lib().devrt_device_count(ctypes.byref(n)))
+    return n.value
+
+
+def malloc(size: int, device: int = HOST, stream=None) -> int:
+    """Allocates ``size`` bytes on ``device`` for use on ``stream``; returns the address."""
+    if size < 0:
+        raise DevrtError(ERROR_SIZE_TOO_LARGE, "DEVRT_ERROR_SIZE_TOO_LARGE", f"malloc: negative size {size}")
+    p = ctypes.c_void_p()
+    _check(lib().devrt_malloc(ctypes.byref(p), size, device, _stream(stream)))
+    return p.value or 0
+
+
+def free(ptr: int, device: int = HOST, stream=None) -> None:
+    """Frees ``ptr`` in stream order on ``stream``."""
+    _check(lib().devrt_free(ptr, device, _stream(stream)))
+
+
+def record_stream(ptr: int, stream) -> None:
+    """Marks ``ptr``'s memory as used on ``stream`` too (see ``Tensor.record_stream``)."""
+    _check(lib().devrt_record_stream(ptr, _stream(stream)))
+
+
+def allocation_size(ptr: int) -> int:
+    n = ctypes.c_size_t(0)
+    _check(lib().devrt_allocation_size(ptr, ctypes.byref(n)))
+    return n.value
+
+
+def stats(device: int = HOST) -> Dict[str, int]:
+    """The statistics of a device (the fields of devrt_stats in devrt/c_api.h)."""
+    s = _Stats()
+    _check(lib().devrt_get_stats(device, ctypes.byref(s)))
+    return {name: int(getattr(s, name)) for name in _STAT_FIELDS}
+
+
+def reset_peak_stats(device: int = HOST) -> None:
+    _check(lib().devrt_reset_peak_stats(device))
+
+
+def empty_cache(device: int = HOST) -> None:
+    """Returns the device's unused memory to the driver."""
+    _check(lib().devrt_empty_cache(device))
+
+
+def configure(device: int, layout: str) -> None:
+    """Replaces the device's pool layout; a bad layout, or live memory, keeps the current one."""
+    _check(lib().devrt_configure(device, layout.encode()))

@@ -1,0 +1,200 @@
+/* devrt's C interface (libdevrt_c.so): memory by pointer, for programs and frameworks that are not
+ * C++ (PyTorch's and CuPy's allocator hooks, ctypes, other languages).
+ *
+ *     void* p = NULL;
+ *     if (devrt_malloc(&p, 1 << 20, 0, stream) != DEVRT_SUCCESS) fprintf(stderr, "%s\n", devrt_last_error());
+ *     ...                                    // use p on `stream`
+ *     devrt_free(p, 0, stream);              // free in stream order on `stream`
+ *
+ * Devices: -1 (DEVRT_HOST_DEVICE) is the host, with real memory; 0..N-1 are the CUDA devices
+ * (devrt_device_count). Every function is safe to call from any thread, except devrt_init and
+ * devrt_shutdown, which must not overlap other calls.
+ *
+ * Streams: a stream argument is a cudaStream_t. NULL names the device's own stream (devrt's),
+ * *not* CUDA's legacy default stream: name that one DEVRT_STREAM_LEGACY ((void*)1, the value of
+ * cudaStreamLegacy) and the calling thread's per-thread default stream DEVRT_STREAM_PER_THREAD
+ * ((void*)2, cudaStreamPerThread). Memory is free in stream order: after devrt_free(p, d, s),
+ * later work on s may get p's memory at once, other streams only once the work queued on s (and
+ * on every stream given to devrt_record_stream) by then is done. The host device accepts every
+ * stream and ignores it. A stream must outlive the memory used on it (or be retired, see the C++
+ * `compute_client::retire_stream`).
+ *
+ * Errors: every function returns a devrt_status (0 is success) and never lets an exception out;
+ * devrt_last_error() is the calling thread's message of its last failed call, with the values
+ * that explain it. A failed call changes nothing.
+ *
+ * Start-up: the first call starts devrt with default options (the host device and every CUDA
+ * device found, layouts "auto", configuration from the DEVRT_* environment variables), unless
+ * devrt_init started it first. */
+#ifndef DEVRT_C_API_H
+#define DEVRT_C_API_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/types.h> /* ssize_t */
+
+#if defined(DEVRT_C_API_HAS_CUDA_TYPES)
+#include <cuda_runtime_api.h>
+typedef cudaStream_t devrt_cuda_stream;
+#else
+/* cudaStream_t is a pointer (struct CUstream_st*): the same value as a void*. */
+typedef void* devrt_cuda_stream;
+#endif
+
+#if defined(_WIN32)
+#define DEVRT_C_EXPORT __declspec(dllexport)
+#else
+#define DEVRT_C_EXPORT __attribute__((visibility("default")))
+#endif
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Raised when a struct of this header grows: a library built for a newer header refuses options
+ * of an older version only when they cannot be read. */
+#define DEVRT_C_API_VERSION 1
+
+#define DEVRT_HOST_DEVICE (-1)
+/* The streams without a handle of their own: the device's own stream (devrt's), CUDA's legacy
+ * default stream (cudaStreamLegacy) and the per-thread default stream (cudaStreamPerThread). */
+#ifdef __cplusplus
+#define DEVRT_STREAM_DEVICE (static_cast<void*>(nullptr))
+#define DEVRT_STREAM_LEGACY (reinterpret_cast<void*>(1))
+#define DEVRT_STREAM_PER_THREAD (reinterpret_cast<void*>(2))
+#else
+#define DEVRT_STREAM_DEVICE ((void*)0)
+#define DEVRT_STREAM_LEGACY ((void*)1)
+#define DEVRT_STREAM_PER_THREAD ((void*)2)
+#endif
+
+/* Largest size devrt_malloc accepts: 2^62 bytes (a larger one is a bug, e.g. a negative size cast). */
+#define DEVRT_MAX_ALLOCATION_SIZE (UINT64_C(1) << 62)
+
+typedef enum devrt_status {
+  DEVRT_SUCCESS = 0,
+  DEVRT_ERROR_OUT_OF_MEMORY = 1,        /* the device (or a capped pool) refused; free memory and retry */
+  DEVRT_ERROR_INVALID_VALUE = 2,        /* a null out-pointer or string, a bad option value */
+  DEVRT_ERROR_UNKNOWN_POINTER = 3,      /* the pointer was not allocated by devrt_malloc (or was freed long ago) */
+  DEVRT_ERROR_INVALID_DEVICE = 4,       /* no such device, or not the device the pointer belongs to */
+  DEVRT_ERROR_DOUBLE_FREE = 5,          /* the pointer was freed already and not allocated again since */
+  DEVRT_ERROR_SIZE_TOO_LARGE = 6,       /* size above DEVRT_MAX_ALLOCATION_SIZE */
+  DEVRT_ERROR_NO_POOL = 7,              /* no pool of the device's layout accepts the size */
+  DEVRT_ERROR_INVALID_LAYOUT = 8,       /* a layout string that does not parse or does not fit the device */
+  DEVRT_ERROR_BUSY = 9,                 /* configure refused while memory of the current layout is live */
+  DEVRT_ERROR_NOT_INITIALIZED = 10,     /* devrt was shut down (devrt_init starts it again) */
+  DEVRT_ERROR_ALREADY_INITIALIZED = 11, /* devrt_init while devrt runs */
+  DEVRT_ERROR_DEVICE = 12,              /* the driver failed */
+  DEVRT_ERROR_INTERNAL = 13             /* a bug in devrt: please report the message */
+} devrt_status;
+
+/* Options of devrt_init. Fill with devrt_options_default, then change what you need. */
+typedef struct devrt_options {
+  int version;             /* DEVRT_C_API_VERSION */
+  int use_cuda;            /* nonzero: every CUDA device found (CUDA_VISIBLE_DEVICES chooses them) */
+  const char* host_layout; /* layout string of the host device; NULL: "auto" */
+  const char* cuda_layout; /* layout string of every CUDA device; NULL: "auto" */
+  const char* log_level;   /* "disabled", "basic", "full"; NULL: the configuration's */
+  uint64_t host_capacity;  /* bytes the host device may hold (0: no limit) */
+  int use_environment;     /* nonzero: read the DEVRT_* environment variables */
+} devrt_options;
+
+/* Statistics of one device. Bytes "in use" are the sizes requested by live allocations, bytes
+ * "reserved" what devrt holds from the driver. */
+typedef struct devrt_stats {
+  uint64_t reserved_bytes;
+  uint64_t peak_reserved_bytes; /* since start or devrt_reset_peak_stats */
+  uint64_t in_use_bytes;
+  uint64_t peak_in_use_bytes; /* since start or devrt_reset_peak_stats */
+  uint64_t live_allocations;
+  uint64_t allocations;          /* successful allocations */
+  uint64_t frees;                /* allocations freed */
+  uint64_t failed_allocations;   /* allocations the device refused (rejected arguments do not count) */
+  uint64_t out_of_memory_errors; /* allocations that returned DEVRT_ERROR_OUT_OF_MEMORY */
+  uint64_t driver_allocs;        /* memory obtained from the driver (calls) */
+  uint64_t driver_frees;         /* memory returned to the driver (calls) */
+  uint64_t maps;                 /* memory mapped into address ranges (calls) */
+  uint64_t unmaps;               /* memory unmapped (calls) */
+  uint64_t device_refusals;      /* driver allocations refused by the device */
+  uint64_t cleanups;             /* explicit cleanups (devrt_empty_cache) */
+  uint64_t reclaims;             /* cleanups forced by an out-of-memory before one retry */
+  uint64_t stream_waits;         /* times devrt waited for streams to pass their frees */
+  uint64_t fences;               /* events recorded on streams for frees */
+  uint64_t streams;              /* streams using the device's memory */
+} devrt_stats;
+
+/* Fills `options` with the defaults (CUDA on, layouts "auto", no host cap, environment read). */
+DEVRT_C_EXPORT void devrt_options_default(devrt_options* options);
+
+/* Starts devrt. NULL options: the defaults. Errors: ALREADY_INITIALIZED (devrt runs: the first
+ * call of any other function starts it; call devrt_init before that, or devrt_shutdown first),
+ * INVALID_LAYOUT, INVALID_VALUE (a bad log level or version). */
+DEVRT_C_EXPORT int devrt_init(const devrt_options* options);
+
+/* Frees every allocation still live, stops devrt and waits for its threads. Later calls fail
+ * with NOT_INITIALIZED until devrt_init. Does nothing when devrt does not run. */
+DEVRT_C_EXPORT int devrt_shutdown(void);
+
+/* Nonzero while devrt runs. */
+DEVRT_C_EXPORT int devrt_is_initialized(void);
+
+/* The calling thread's message of its last failed call ("" if none failed yet). Valid until the
+ * thread's next failed call. */
+DEVRT_C_EXPORT const char* devrt_last_error(void);
+
+/* A short stable name of a status ("DEVRT_ERROR_OUT_OF_MEMORY"). */
+DEVRT_C_EXPORT const char* devrt_status_name(int status);
+
+/* Number of CUDA devices devrt uses (0 without CUDA). */
+DEVRT_C_EXPORT int devrt_device_count(int* count);
+
+/* Allocates `size` bytes on `device` for use on `stream` (see Streams above). Size 0 gives a
+ * unique pointer that must be freed too. Errors: INVALID_VALUE (ptr is NULL), SIZE_TOO_LARGE,
+ * INVALID_DEVICE, OUT_OF_MEMORY, NO_POOL, NOT_INITIALIZED. On error *ptr is set to NULL. */
+DEVRT_C_EXPORT int devrt_malloc(void** ptr, size_t size, int device, void* stream);
+
+/* Frees `ptr` in stream order on `stream`; when `stream` is not the stream it was allocated for,
+ * the memory is first recorded as used on `stream`. Errors: UNKNOWN_POINTER, DOUBLE_FREE,
+ * INVALID_DEVICE (not the pointer's device), NOT_INITIALIZED. NULL is accepted and does nothing. */
+DEVRT_C_EXPORT int devrt_free(void* ptr, int device, void* stream);
+
+/* Marks `ptr`'s memory as used on `stream` too (as PyTorch's Tensor.record_stream): when it is
+ * freed, no other allocation gets it before the work queued on `stream` by then is done.
+ * Errors: UNKNOWN_POINTER, NOT_INITIALIZED. */
+DEVRT_C_EXPORT int devrt_record_stream(void* ptr, void* stream);
+
+/* The size `ptr` was allocated with. Errors: UNKNOWN_POINTER, INVALID_VALUE (size is NULL). */
+DEVRT_C_EXPORT int devrt_allocation_size(void* ptr, size_t* size);
+
+/* Statistics of a device, after the frees made so far. Errors: INVALID_VALUE, INVALID_DEVICE. */
+DEVRT_C_EXPORT int devrt_get_stats(int device, devrt_stats* stats);
+
+/* Sets the peaks to the current values. */
+DEVRT_C_EXPORT int devrt_reset_peak_stats(int device);
+
+/* Returns the device's unused memory to the driver (an explicit cleanup). */
+DEVRT_C_EXPORT int devrt_empty_cache(int device);
+
+/* Replaces the device's pool layout (a layout string: "auto", "arena", "sliced:page=64MiB,slice=8MiB",
+ * ...; see the README). A layout that does not parse or fit the device fails with INVALID_LAYOUT
+ * at once; while memory of the current layout is live it fails with BUSY. Either way the current
+ * layout stays in force. */
+DEVRT_C_EXPORT int devrt_configure(int device, const char* layout);
+
+/* ---- PyTorch (torch.cuda.memory.CUDAPluggableAllocator) ----
+ * The signatures PyTorch loads by name. Streams are CUDA's: 0 is the legacy default stream (as
+ * in PyTorch), not the device's own. PyTorch does not check the pointer its malloc function
+ * returns, so on failure devrt_torch_malloc throws a C++ exception (std::bad_alloc carrying
+ * devrt's message, which PyTorch turns into a Python RuntimeError) instead of returning NULL;
+ * the message is also kept in devrt_last_error. Call them from C++ only (not from ctypes). */
+DEVRT_C_EXPORT void* devrt_torch_malloc(ssize_t size, int device, devrt_cuda_stream stream);
+DEVRT_C_EXPORT void devrt_torch_free(void* ptr, ssize_t size, int device, devrt_cuda_stream stream);
+DEVRT_C_EXPORT void devrt_torch_record_stream(void* ptr, devrt_cuda_stream stream);
+/* Empties the cache of every device (PyTorch's set_reset_fn / torch.cuda.empty_cache). */
+DEVRT_C_EXPORT void devrt_torch_empty_cache(void);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* DEVRT_C_API_H */

@@ -1,0 +1,615 @@
+// The C interface (devrt/c_api.h): a runtime owned by the library, and a table from pointers to
+// the handles that keep their memory.
+//
+// The table is sharded by pointer hash, each shard with its own mutex, so that threads allocating
+// and freeing different pointers rarely meet on a lock. Each shard also remembers the pointers
+// freed lately (and not allocated again since), which tells a double free from a pointer devrt
+// never gave out.
+//
+// Lifetime: the running state is reached through one atomic pointer, read on every call without a
+// lock. devrt_init and devrt_shutdown take the lifecycle mutex and must not overlap other calls
+// (the header says so). The table itself is never destroyed: frameworks free their last tensors
+// during process exit, after static destructors may have run, and those frees must find it.
+#include "devrt/c_api.h"
+
+#include <fmt/format.h>
+
+#include <array>
+#include <atomic>
+#include <bit>
+#include <boost/system/system_error.hpp>
+#include <cstdint>
+#include <cstdio>
+#include <deque>
+#include <exception>
+#include <memory>
+#include <mutex>
+#include <new>
+#include <string>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include "devrt/memory/config.hpp"
+#include "devrt/memory/handle.hpp"
+#include "devrt/memory/stream.hpp"
+#include "devrt/memory/usage.hpp"
+#include "devrt/runtime/compute_client.hpp"
+#include "devrt/runtime/config.hpp"
+#include "devrt/runtime/error.hpp"
+#include "devrt/runtime/runtime.hpp"
+
+namespace {
+
+namespace rt = devrt::runtime;
+namespace mem = devrt::memory;
+using devrt::errc;
+
+thread_local std::string last_error;
+
+int fail(devrt_status s, std::string message) {
+  last_error = std::move(message);
+  return s;
+}
+
+/// The C status of a devrt error kind.
+devrt_status status_of(errc c) noexcept {
+  switch (c) {
+    case errc::ok: return DEVRT_SUCCESS;
+    case errc::out_of_memory:
+    case errc::pool_capacity_exceeded: return DEVRT_ERROR_OUT_OF_MEMORY;
+    case errc::buffer_too_big: return DEVRT_ERROR_NO_POOL;
+    case errc::invalid_argument: return DEVRT_ERROR_INVALID_VALUE;
+    case errc::shutdown: return DEVRT_ERROR_NOT_INITIALIZED;
+    case errc::capture_active: return DEVRT_ERROR_BUSY;
+    case errc::device_error:
+    case errc::unsupported: return DEVRT_ERROR_DEVICE;
+    default: return devrt::is_config_error(c) ? DEVRT_ERROR_INVALID_LAYOUT : DEVRT_ERROR_INTERNAL;
+  }
+}
+
+/// The stream a C caller names: NULL is the device's own, anything else a native handle
+/// (1 and 2 the legacy and per-thread default streams).
+mem::stream c_stream(void* s) noexcept { return s == nullptr ? mem::stream() : mem::stream::native(s); }
+
+/// What the table keeps per live pointer.
+struct entry {
+  mem::memory_handle handle;
+  int device = 0;
+  mem::queue_id stream = mem::queue::device;  ///< the stream the memory was allocated for
+};
+
+/// One shard of the pointer table. Invariant: a pointer is in at most one of `live` and `freed`.
+struct alignas(64) shard {
+  static constexpr std::size_t max_freed = 4096;  ///< freed pointers remembered per shard
+
+  std::mutex lock;
+  std::unordered_map<void*, entry> live;
+  /// Pointers freed and not allocated again since, with the number of their free; `freed_order`
+  /// holds them oldest first (entries whose number no longer matches are stale).
+  std::unordered_map<void*, std::uint64_t> freed;
+  std::deque<std::pair<void*, std::uint64_t>> freed_order;
+  std::uint64_t frees = 0;
+
+  void remember_freed(void* p) {
+    freed[p] = ++frees;
+    freed_order.emplace_back(p, frees);
+    while (freed_order.size() > max_freed) {
+      auto [q, n] = freed_order.front();
+      freed_order.pop_front();
+      auto it = freed.find(q);
+      if (it != freed.end() && it->second == n) freed.erase(it);
+    }
+  }
+};
+
+constexpr std::size_t shard_count = 64;  // a power of two
+
+class pointer_table {
+ public:
+  shard& of(const void* p) noexcept {
+    auto v = static_cast<std::uint64_t>(reinterpret_cast<std::uintptr_t>(p));
+    v ^= v >> 29;  // allocations are aligned: mix the high bits in before the multiply
+    v *= 0x9E3779B97F4A7C15ULL;
+    return shards_[v >> 58];  // the top 6 bits: 64 shards
+  }
+  /// Drops every entry (at shutdown); the handles are released outside the locks.
+  void clear() {
+    for (auto& s : shards_) {
+      std::unordered_map<void*, entry> gone;
+      {
+        const std::lock_guard<std::mutex> g(s.lock);
+        gone.swap(s.live);
+        s.freed.clear();
+        s.freed_order.clear();
+      }
+    }
+  }
+
+ private:
+  std::array<shard, shard_count> shards_;
+};
+static_assert(std::has_single_bit(shard_count));
+
+pointer_table& table() {
+  static auto* const t = new pointer_table();  // never destroyed: see the top of the file
+  return *t;
+}
+
+struct device_ctx {
+  rt::compute_client client;
+  std::string name;
+  std::atomic<std::uint64_t> oom_errors{0};
+};
+
+struct state {
+  std::unique_ptr<rt::runtime> runtime;
+  std::unique_ptr<device_ctx> host;
+  std::vector<std::unique_ptr<device_ctx>> cuda;
+
+  /// The device of a C index, or nullptr with the error set.
+  device_ctx* device(int index, const char* what) const {
+    if (index == DEVRT_HOST_DEVICE) return host.get();
+    if (index >= 0 && static_cast<std::size_t>(index) < cuda.size()) return cuda[static_cast<std::size_t>(index)].get();
+    if (cuda.empty()) {
+      (void)fail(DEVRT_ERROR_INVALID_DEVICE,
+                 fmt::format("{}: device {} does not exist: devrt uses no CUDA device (built without CUDA, "
+                             "use_cuda off, or no GPU found), so -1 (the host) is the only device",
+                             what, index));
+    } else {
+      (void)fail(DEVRT_ERROR_INVALID_DEVICE,
+                 fmt::format("{}: device {} does not exist: use -1 for the host or 0..{} for the CUDA devices", what,
+                             index, cuda.size() - 1));
+    }
+    return nullptr;
+  }
+};
+
+std::mutex lifecycle;
+std::atomic<state*> current{nullptr};
+bool ever_started = false;  // under `lifecycle`
+
+int start(const devrt_options& o, state** out) {
+  if (o.version != DEVRT_C_API_VERSION) {
+    return fail(DEVRT_ERROR_INVALID_VALUE,
+                fmt::format("devrt_init: options of version {}, this library reads version {}; fill them "
+                            "with devrt_options_default",
+                            o.version, DEVRT_C_API_VERSION));
+  }
+  rt::runtime_options ro;
+  ro.use_cuda = o.use_cuda != 0;
+  ro.use_environment = o.use_environment != 0;
+  ro.host.capacity = o.host_capacity;
+  const auto layout = [](const char* text, const char* which, mem::memory_layout& to) -> int {
+    if (text == nullptr) return DEVRT_SUCCESS;
+    auto l = mem::parse_layout(text);
+    if (!l) {
+      return fail(DEVRT_ERROR_INVALID_LAYOUT, fmt::format("devrt_init: {} \"{}\": {}", which, text, l.err().message()));
+    }
+    to = std::move(l).value();
+    return DEVRT_SUCCESS;
+  };
+  if (int r = layout(o.host_layout, "host_layout", ro.host_layout); r != DEVRT_SUCCESS) return r;
+  if (int r = layout(o.cuda_layout, "cuda_layout", ro.cuda_layout); r != DEVRT_SUCCESS) return r;
+  if (o.log_level != nullptr) {
+    auto level = rt::parse_log_level(o.log_level);
+    if (!level) {
+      return fail(DEVRT_ERROR_INVALID_VALUE,
+                  fmt::format("devrt_init: log_level \"{}\": {}", o.log_level, level.err().message()));
+    }
+    ro.log = *level;
+  }
+  auto made = rt::runtime::create(std::move(ro));
+  if (!made) return fail(status_of(made.code()), fmt::format("devrt_init: {}", made.err().message()));
+
+  auto s = std::make_unique<state>();
+  s->runtime = std::move(made).value();
+  s->host = std::make_unique<device_ctx>();
+  s->host->client = s->runtime->host();
+  s->host->name = "host";
+  for (int i = 0; i < s->runtime->count(rt::device_kind::cuda); ++i) {
+    auto d = std::make_unique<device_ctx>();
+    d->client = s->runtime->cuda(i);
+    d->name = d->client.device().name;
+    s->cuda.push_back(std::move(d));
+  }
+  ever_started = true;
+  *out = s.release();
+  current.store(*out, std::memory_order_release);
+  return DEVRT_SUCCESS;
+}
+
+/// The running state: started with the defaults on first use, unless devrt was shut down.
+int acquire(state** out) {
+  *out = current.load(std::memory_order_acquire);
+  if (*out != nullptr) return DEVRT_SUCCESS;
+  const std::lock_guard<std::mutex> g(lifecycle);
+  *out = current.load(std::memory_order_acquire);
+  if (*out != nullptr) return DEVRT_SUCCESS;
+  if (ever_started) {
+    return fail(DEVRT_ERROR_NOT_INITIALIZED, "devrt was shut down (devrt_shutdown); call devrt_init to start it again");
+  }
+  devrt_options o;
+  devrt_options_default(&o);
+  return start(o, out);
+}
+
+int internal_error(const char* what, const char* why) {
+  return fail(DEVRT_ERROR_INTERNAL,
+              fmt::format("{}: unexpected failure inside devrt ({}); please report it", what, why));
+}
+
+// The bodies below may throw (allocation of table nodes or messages); `guarded` turns any
+// exception into DEVRT_ERROR_INTERNAL so that none crosses the C boundary.
+template <class F>
+int guarded(const char* what, F&& f) noexcept {
+  try {
+    return f();
+  } catch (const std::bad_alloc&) {
+    return fail(DEVRT_ERROR_OUT_OF_MEMORY, fmt::format("{}: out of host memory for devrt's bookkeeping", what));
+  } catch (const std::exception& e) {
+    try {
+      return internal_error(what, e.what());
+    } catch (...) {
+      return DEVRT_ERROR_INTERNAL;
+    }
+  } catch (...) {
+    return DEVRT_ERROR_INTERNAL;
+  }
+}
+
+int do_malloc(void** ptr, std::size_t size, int device, mem::stream stream, const char* what) {
+  if (ptr == nullptr) {
+    return fail(DEVRT_ERROR_INVALID_VALUE,
+                fmt::format("{}: the out-pointer is NULL; pass the address of a void* to receive the memory", what));
+  }
+  *ptr = nullptr;
+  if (size > DEVRT_MAX_ALLOCATION_SIZE) {
+    return fail(DEVRT_ERROR_SIZE_TOO_LARGE,
+                fmt::format("{}: size {} is larger than devrt allocates ({} bytes, 2^62); a negative size "
+                            "converted to size_t looks like this",
+                            what, size, DEVRT_MAX_ALLOCATION_SIZE));
+  }
+  state* s = nullptr;
+  if (int r = acquire(&s); r != DEVRT_SUCCESS) return r;
+  device_ctx* d = s->device(device, what);
+  if (d == nullptr) return DEVRT_ERROR_INVALID_DEVICE;
+
+  mem::memory_handle h;
+  try {
+    h = d->client.reserve(size, stream).get();
+  } catch (const boost::system::system_error& e) {
+    const devrt_status st = status_of(rt::to_errc(e.code()));
+    if (st == DEVRT_ERROR_OUT_OF_MEMORY) d->oom_errors.fetch_add(1, std::memory_order_relaxed);
+    return fail(st, fmt::format("{}: {} bytes on {}: {}", what, size, d->name, e.code().message()));
+  }
+  void* p = h.ptr();
+  if (p == nullptr) return internal_error(what, "the device gave no address");
+  {
+    shard& sh = table().of(p);
+    const std::lock_guard<std::mutex> g(sh.lock);
+    auto [it, inserted] = sh.live.try_emplace(p, entry{h, device, stream.id()});
+    if (!inserted) {
+      return fail(DEVRT_ERROR_INTERNAL, fmt::format("{}: devrt gave out {} twice (live on device {}); please report it",
+                                                    what, p, it->second.device));
+    }
+    sh.freed.erase(p);  // allocated again: a later free is no double free
+  }
+  *ptr = p;
+  return DEVRT_SUCCESS;
+}
+
+int do_free(void* ptr, int device, mem::stream stream, const char* what) {
+  if (ptr == nullptr) return DEVRT_SUCCESS;
+  state* s = nullptr;
+  if (int r = acquire(&s); r != DEVRT_SUCCESS) return r;
+  entry e;
+  {
+    shard& sh = table().of(ptr);
+    const std::lock_guard<std::mutex> g(sh.lock);
+    auto it = sh.live.find(ptr);
+    if (it == sh.live.end()) {
+      if (sh.freed.contains(ptr)) {
+        return fail(DEVRT_ERROR_DOUBLE_FREE,
+                    fmt::format("{}: {} was freed already (device {}); free each pointer once", what, ptr, device));
+      }
+      return fail(DEVRT_ERROR_UNKNOWN_POINTER,
+                  fmt::format("{}: {} was not allocated by devrt_malloc (device {}); free it with the allocator "
+                              "that gave it out",
+                              what, ptr, device));
+    }
+    if (it->second.device != device) {
+      return fail(DEVRT_ERROR_INVALID_DEVICE,
+                  fmt::format("{}: {} belongs to device {}, not to device {}; free it on its own device", what, ptr,
+                              it->second.device, device));
+    }
+    e = std::move(it->second);
+    sh.live.erase(it);
+    sh.remember_freed(ptr);
+  }
+  // Freed on another stream than the one it was allocated for: that stream's work must pass
+  // before anyone else gets the memory. The mark is ordered before the drop below.
+  if (stream.id() != e.stream) {
+    if (device_ctx* d = s->device(e.device, what); d != nullptr) d->client.record_stream(e.handle, stream);
+  }
+  e.handle.reset();
+  return DEVRT_SUCCESS;
+}
+
+int do_record_stream(void* ptr, mem::stream stream, const char* what) {
+  state* s = nullptr;
+  if (int r = acquire(&s); r != DEVRT_SUCCESS) return r;
+  mem::memory_handle h;
+  int device = 0;
+  {
+    shard& sh = table().of(ptr);
+    const std::lock_guard<std::mutex> g(sh.lock);
+    auto it = sh.live.find(ptr);
+    if (it == sh.live.end()) {
+      return fail(DEVRT_ERROR_UNKNOWN_POINTER,
+                  fmt::format("{}: {} is not memory devrt_malloc gave out and that is still live", what, ptr));
+    }
+    h = it->second.handle;
+    device = it->second.device;
+  }
+  device_ctx* d = s->device(device, what);
+  if (d == nullptr) return DEVRT_ERROR_INVALID_DEVICE;
+  d->client.record_stream(h, stream);
+  return DEVRT_SUCCESS;
+}
+
+/// Runs `op(client)` (an operation whose future's get() throws system_error) for a device.
+template <class Op>
+int on_device(int device, const char* what, Op&& op) {
+  state* s = nullptr;
+  if (int r = acquire(&s); r != DEVRT_SUCCESS) return r;
+  device_ctx* d = s->device(device, what);
+  if (d == nullptr) return DEVRT_ERROR_INVALID_DEVICE;
+  try {
+    return op(*d);
+  } catch (const boost::system::system_error& e) {
+    return fail(status_of(rt::to_errc(e.code())), fmt::format("{} on {}: {}", what, d->name, e.code().message()));
+  }
+}
+
+/// The exception devrt_torch_malloc throws: PyTorch does not check the pointer its allocator
+/// returns, but it turns an exception into a Python error with this message.
+class torch_out_of_memory : public std::bad_alloc {
+ public:
+  explicit torch_out_of_memory(std::string m) : message_(std::move(m)) {}
+  [[nodiscard]] const char* what() const noexcept override { return message_.c_str(); }
+
+ private:
+  std::string message_;
+};
+
+}  // namespace
+
+extern "C" {
+
+void devrt_options_default(devrt_options* options) {
+  if (options == nullptr) return;
+  *options = devrt_options{};
+  options->version = DEVRT_C_API_VERSION;
+  options->use_cuda = 1;
+  options->use_environment = 1;
+}
+
+int devrt_init(const devrt_options* options) {
+  return guarded("devrt_init", [&] {
+    const std::lock_guard<std::mutex> g(lifecycle);
+    if (current.load(std::memory_order_acquire) != nullptr) {
+      return fail(DEVRT_ERROR_ALREADY_INITIALIZED,
+                  "devrt_init: devrt runs already (started by devrt_init or by the first call of another "
+                  "function); call devrt_init first, or devrt_shutdown before it");
+    }
+    devrt_options o;
+    devrt_options_default(&o);
+    if (options != nullptr) o = *options;
+    state* s = nullptr;
+    return start(o, &s);
+  });
+}
+
+int devrt_shutdown(void) {
+  return guarded("devrt_shutdown", [&] {
+    const std::lock_guard<std::mutex> g(lifecycle);
+    state* s = current.exchange(nullptr, std::memory_order_acq_rel);
+    if (s == nullptr) return static_cast<int>(DEVRT_SUCCESS);
+    const std::unique_ptr<state> gone(s);
+    table().clear();  // frees every allocation still live, then the runtime stops
+    s->runtime->shutdown();
+    return static_cast<int>(DEVRT_SUCCESS);
+  });
+}
+
+int devrt_is_initialized(void) { return current.load(std::memory_order_acquire) != nullptr ? 1 : 0; }
+
+const char* devrt_last_error(void) { return last_error.c_str(); }
+
+const char* devrt_status_name(int status) {
+  switch (status) {
+    case DEVRT_SUCCESS: return "DEVRT_SUCCESS";
+    case DEVRT_ERROR_OUT_OF_MEMORY: return "DEVRT_ERROR_OUT_OF_MEMORY";
+    case DEVRT_ERROR_INVALID_VALUE: return "DEVRT_ERROR_INVALID_VALUE";
+    case DEVRT_ERROR_UNKNOWN_POINTER: return "DEVRT_ERROR_UNKNOWN_POINTER";
+    case DEVRT_ERROR_INVALID_DEVICE: return "DEVRT_ERROR_INVALID_DEVICE";
+    case DEVRT_ERROR_DOUBLE_FREE: return "DEVRT_ERROR_DOUBLE_FREE";
+    case DEVRT_ERROR_SIZE_TOO_LARGE: return "DEVRT_ERROR_SIZE_TOO_LARGE";
+    case DEVRT_ERROR_NO_POOL: return "DEVRT_ERROR_NO_POOL";
+    case DEVRT_ERROR_INVALID_LAYOUT: return "DEVRT_ERROR_INVALID_LAYOUT";
+    case DEVRT_ERROR_BUSY: return "DEVRT_ERROR_BUSY";
+    case DEVRT_ERROR_NOT_INITIALIZED: return "DEVRT_ERROR_NOT_INITIALIZED";
+    case DEVRT_ERROR_ALREADY_INITIALIZED: return "DEVRT_ERROR_ALREADY_INITIALIZED";
+    case DEVRT_ERROR_DEVICE: return "DEVRT_ERROR_DEVICE";
+    case DEVRT_ERROR_INTERNAL: return "DEVRT_ERROR_INTERNAL";
+    default: return "DEVRT_ERROR_UNKNOWN_STATUS";
+  }
+}
+
+int devrt_device_count(int* count) {
+  return guarded("devrt_device_count", [&] {
+    if (count == nullptr) return fail(DEVRT_ERROR_INVALID_VALUE, "devrt_device_count: the out-pointer is NULL");
+    state* s = nullptr;
+    if (int r = acquire(&s); r != DEVRT_SUCCESS) return r;
+    *count = static_cast<int>(s->cuda.size());
+    return static_cast<int>(DEVRT_SUCCESS);
+  });
+}
+
+int devrt_malloc(void** ptr, size_t size, int device, void* stream) {
+  return guarded("devrt_malloc", [&] { return do_malloc(ptr, size, device, c_stream(stream), "devrt_malloc"); });
+}
+
+int devrt_free(void* ptr, int device, void* stream) {
+  return guarded("devrt_free", [&] { return do_free(ptr, device, c_stream(stream), "devrt_free"); });
+}
+
+int devrt_record_stream(void* ptr, void* stream) {
+  return guarded("devrt_record_stream", [&] { return do_record_stream(ptr, c_stream(stream), "devrt_record_stream"); });
+}
+
+int devrt_allocation_size(void* ptr, size_t* size) {
+  return guarded("devrt_allocation_size", [&] {
+    if (size == nullptr) return fail(DEVRT_ERROR_INVALID_VALUE, "devrt_allocation_size: the out-pointer is NULL");
+    shard& sh = table().of(ptr);
+    const std::lock_guard<std::mutex> g(sh.lock);
+    auto it = sh.live.find(ptr);
+    if (it == sh.live.end()) {
+      return fail(
+          DEVRT_ERROR_UNKNOWN_POINTER,
+          fmt::format("devrt_allocation_size: {} is not memory devrt_malloc gave out and that is still live", ptr));
+    }
+    *size = static_cast<size_t>(it->second.handle.size());
+    return static_cast<int>(DEVRT_SUCCESS);
+  });
+}
+
+int devrt_get_stats(int device, devrt_stats* stats) {
+  return guarded("devrt_get_stats", [&] {
+    if (stats == nullptr) return fail(DEVRT_ERROR_INVALID_VALUE, "devrt_get_stats: the out-pointer is NULL");
+    return on_device(device, "devrt_get_stats", [&](device_ctx& d) {
+      using both = std::pair<mem::memory_statistics, mem::memory_usage>;
+      // One message: the statistics and the live count seen at the same point of the strand.
+      const both b = d.client
+                         .async_run<both>(
+                             [](rt::actor_core& c) {
+                               const mem::memory_statistics st = c.manager().statistics();
+                               return devrt::result<both>(both{st, c.manager().usage()});
+                             },
+                             rt::use_future_t{})
+                         .get();
+      const auto& st = b.first;
+      devrt_stats out{};
+      out.reserved_bytes = st.bytes_reserved;
+      out.peak_reserved_bytes = st.peak_bytes_reserved;
+      out.in_use_bytes = st.bytes_in_use;
+      out.peak_in_use_bytes = st.peak_bytes_in_use;
+      out.live_allocations = b.second.number_allocs;
+      out.allocations = st.reserves;
+      out.frees = st.reserves >= b.second.number_allocs ? st.reserves - b.second.number_allocs : 0;
+      out.failed_allocations = st.failed_reserves;
+      out.out_of_memory_errors = d.oom_errors.load(std::memory_order_relaxed);
+      out.driver_allocs = st.driver_allocs;
+      out.driver_frees = st.driver_frees;
+      out.maps = st.maps;
+      out.unmaps = st.unmaps;
+      out.device_refusals = st.out_of_memory;
+      out.cleanups = st.cleanups;
+      out.reclaims = st.reclaims;
+      out.stream_waits = st.stream_waits;
+      out.fences = st.fences;
+      out.streams = st.streams;
+      *stats = out;
+      return static_cast<int>(DEVRT_SUCCESS);
+    });
+  });
+}
+
+int devrt_reset_peak_stats(int device) {
+  return guarded("devrt_reset_peak_stats", [&] {
+    return on_device(device, "devrt_reset_peak_stats", [](device_ctx& d) {
+      d.client.reset_peak_statistics().get();
+      return static_cast<int>(DEVRT_SUCCESS);
+    });
+  });
+}
+
+int devrt_empty_cache(int device) {
+  return guarded("devrt_empty_cache", [&] {
+    return on_device(device, "devrt_empty_cache", [](device_ctx& d) {
+      d.client.cleanup().get();
+      return static_cast<int>(DEVRT_SUCCESS);
+    });
+  });
+}
+
+int devrt_configure(int device, const char* layout) {
+  return guarded("devrt_configure", [&] {
+    if (layout == nullptr) {
+      return fail(DEVRT_ERROR_INVALID_VALUE, "devrt_configure: the layout string is NULL (\"auto\" is the default)");
+    }
+    return on_device(device, "devrt_configure", [&](device_ctx& d) {
+      auto parsed = mem::parse_layout(layout);
+      if (!parsed) {
+        return fail(DEVRT_ERROR_INVALID_LAYOUT,
+                    fmt::format("devrt_configure(\"{}\") on {}: {}; the current layout stays in force", layout, d.name,
+                                parsed.err().message()));
+      }
+      try {
+        const mem::configure_outcome out = d.client.configure(*parsed).get();
+        if (!out.applied) {
+          return fail(DEVRT_ERROR_BUSY,
+                      fmt::format("devrt_configure(\"{}\") on {}: {} allocations ({} bytes) of the current layout "
+                                  "are live; free them and configure again (the current layout stays in force)",
+                                  layout, d.name, out.live_allocations, out.live_bytes));
+        }
+      } catch (const boost::system::system_error& e) {
+        return fail(status_of(rt::to_errc(e.code())),
+                    fmt::format("devrt_configure(\"{}\") on {}: {}; the current layout stays in force", layout, d.name,
+                                e.code().message()));
+      }
+      return static_cast<int>(DEVRT_SUCCESS);
+    });
+  });
+}
+
+void* devrt_torch_malloc(ssize_t size, int device, devrt_cuda_stream stream) {
+  void* p = nullptr;
+  int r = DEVRT_SUCCESS;
+  if (size < 0) {
+    r = fail(DEVRT_ERROR_SIZE_TOO_LARGE, fmt::format("devrt_torch_malloc: negative size {}", size));
+  } else {
+    // PyTorch names CUDA streams: 0 is the legacy default stream, not devrt's own.
+    r = guarded("devrt_torch_malloc", [&] {
+      return do_malloc(&p, static_cast<std::size_t>(size), device, mem::stream::native(stream), "devrt_torch_malloc");
+    });
+  }
+  if (r != DEVRT_SUCCESS) throw torch_out_of_memory(last_error);
+  return p;
+}
+
+void devrt_torch_free(void* ptr, ssize_t /*size*/, int device, devrt_cuda_stream stream) {
+  const int r = guarded("devrt_torch_free",
+                        [&] { return do_free(ptr, device, mem::stream::native(stream), "devrt_torch_free"); });
+  // PyTorch ignores what its free function says; a failed free is a bug worth seeing.
+  if (r != DEVRT_SUCCESS) (void)std::fprintf(stderr, "devrt: %s\n", last_error.c_str());
+}
+
+void devrt_torch_record_stream(void* ptr, devrt_cuda_stream stream) {
+  const int r = guarded("devrt_torch_record_stream", [&] {
+    return do_record_stream(ptr, mem::stream::native(stream), "devrt_torch_record_stream");
+  });
+  if (r != DEVRT_SUCCESS) (void)std::fprintf(stderr, "devrt: %s\n", last_error.c_str());
+}
+
+void devrt_torch_empty_cache(void) {
+  (void)guarded("devrt_torch_empty_cache", [&] {
+    state* s = nullptr;
+    if (int r = acquire(&s); r != DEVRT_SUCCESS) return r;
+    for (const auto& d : s->cuda) d->client.cleanup().get();
+    return static_cast<int>(DEVRT_SUCCESS);
+  });
+}
+
+}  // extern "C"
