@@ -200,6 +200,27 @@ result<memory::storage_handle> cuda_storage::alloc(std::uint64_t size) {
 
 void cuda_storage::dealloc(memory::storage_id id) { pending_.push_back(id); }
 
+std::uint64_t cuda_storage::returning_bytes() const noexcept {
+  std::uint64_t n = 0;
+  for (const memory::storage_id id : pending_) {
+    if (auto it = pages_.find(id); it != pages_.end()) n += it->second.size;
+  }
+  auto mapping_bytes = [&](memory::storage_id id, std::uint64_t k, unit_state want) -> std::uint64_t {
+    auto it = ranges_.find(id);
+    if (it == ranges_.end() || it->second.units[k].state != want) return 0;
+    return it->second.units[k].count * it->second.unit_size;
+  };
+  for (const auto& [id, k] : requested_unmaps_) n += mapping_bytes(id, k, unit_state::unmap_requested);
+  for (const auto& b : batches_) {
+    for (const auto& [id, k] : b.units) {
+      auto it = ranges_.find(id);
+      if (it != ranges_.end() && it->second.units[k].batch == b.seq)
+        n += mapping_bytes(id, k, unit_state::unmap_recorded);
+    }
+  }
+  return n;
+}
+
 result<void> cuda_storage::flush() {
   if (pending_deallocations() == 0) return {};
   if (auto r = bind_device(); !r) return r;

@@ -73,6 +73,15 @@ result<memory::storage_handle> host_storage::alloc(std::uint64_t size) {
 
 void host_storage::dealloc(memory::storage_id id) { pending_.push_back(id); }
 
+std::uint64_t host_storage::returning_bytes() const noexcept {
+  std::uint64_t n = 0;
+  for (const memory::storage_id id : pending_) {
+    if (auto it = pages_.find(id); it != pages_.end())
+      n += it->second.range ? it->second.range_mapped : it->second.size;
+  }
+  return n;
+}
+
 result<void> host_storage::flush() {
   for (const memory::storage_id id : pending_) {
     auto it = pages_.find(id);

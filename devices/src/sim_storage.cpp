@@ -58,6 +58,18 @@ result<memory::storage_handle> sim_storage::alloc(std::uint64_t size) {
 
 void sim_storage::dealloc(memory::storage_id id) { pending_.push_back(id); }
 
+std::uint64_t sim_storage::returning_bytes() const noexcept {
+  std::uint64_t n = 0;
+  for (const memory::storage_id id : pending_) {
+    if (auto it = pages_.find(id); it != pages_.end()) {
+      n += it->second;
+    } else if (auto r = ranges_.find(id); r != ranges_.end()) {
+      for (const auto& [first, length] : r->second.mappings) n += length * r->second.unit;
+    }
+  }
+  return n;
+}
+
 result<void> sim_storage::flush() {
   if (fail_flush_) {
     fail_flush_ = false;

@@ -429,6 +429,7 @@ memory_usage memory_manager::dynamic_usage() const noexcept {
 
 const memory_statistics& memory_manager::statistics() {
   process_releases();
+  stats_.bytes_returning = store_.returning_bytes();
   stats_.stream_waits = order_.waits();
   stats_.fences = order_.fences();
   stats_.streams = order_.stream_count();

@@ -22,12 +22,15 @@ std::string memory_usage::to_string() const {
 
 std::string memory_statistics::to_string() const {
   return fmt::format(
-             "statistics: reserved {} (peak {}), in use {} (peak {}), {} reserves ({} failed), {} driver allocations, "
+             "statistics: reserved {}{} (peak {}), in use {} (peak {}), {} reserves ({} failed), {} driver "
+             "allocations, "
              "{} "
              "driver frees, {} maps, {} unmaps, {} out-of-memory, {} explicit cleanups, {} reclaims\n",
-             format_bytes(bytes_reserved), format_bytes(peak_bytes_reserved), format_bytes(bytes_in_use),
-             format_bytes(peak_bytes_in_use), reserves, failed_reserves, driver_allocs, driver_frees, maps, unmaps,
-             out_of_memory, cleanups, reclaims) +
+             format_bytes(bytes_reserved),
+             bytes_returning != 0 ? fmt::format(" and {} on its way back", format_bytes(bytes_returning))
+                                  : std::string(),
+             format_bytes(peak_bytes_reserved), format_bytes(bytes_in_use), format_bytes(peak_bytes_in_use), reserves,
+             failed_reserves, driver_allocs, driver_frees, maps, unmaps, out_of_memory, cleanups, reclaims) +
          (streams > 0 || fences > 0
               ? fmt::format("streams: {} in use, {} fences recorded, {} waits for fences under memory pressure\n",
                             streams, fences, stream_waits)

@@ -281,7 +281,7 @@ int do_malloc(void** ptr, std::size_t size, int device, mem::stream stream, cons
   } catch (const boost::system::system_error& e) {
     const devrt_status st = status_of(rt::to_errc(e.code()));
     if (st == DEVRT_ERROR_OUT_OF_MEMORY) d->oom_errors.fetch_add(1, std::memory_order_relaxed);
-    return fail(st, fmt::format("{}: {} bytes on {}: {}", what, size, d->name, e.code().message()));
+    return fail(st, fmt::format("{}: {} bytes on {}: {}", what, size, d->name, e.what()));
   }
   void* p = h.ptr();
   if (p == nullptr) return internal_error(what, "the device gave no address");
@@ -368,7 +368,7 @@ int on_device(int device, const char* what, Op&& op) {
   try {
     return op(*d);
   } catch (const boost::system::system_error& e) {
-    return fail(status_of(rt::to_errc(e.code())), fmt::format("{} on {}: {}", what, d->name, e.code().message()));
+    return fail(status_of(rt::to_errc(e.code())), fmt::format("{} on {}: {}", what, d->name, e.what()));
   }
 }
 
@@ -567,7 +567,7 @@ int devrt_configure(int device, const char* layout) {
       } catch (const boost::system::system_error& e) {
         return fail(status_of(rt::to_errc(e.code())),
                     fmt::format("devrt_configure(\"{}\") on {}: {}; the current layout stays in force", layout, d.name,
-                                e.code().message()));
+                                e.what()));
       }
       return static_cast<int>(DEVRT_SUCCESS);
     });

@@ -68,6 +68,9 @@ class cuda_storage {
   [[nodiscard]] result<memory::resource> get(const memory::storage_handle& h);
   result<void> write(const memory::storage_handle& h, const void* src);
   result<void> read(const memory::storage_handle& h, void* dst);
+  /// Bytes given back (queued pages, unmaps requested or recorded) that the device has not taken
+  /// back yet: still held, and counted as reserved.
+  [[nodiscard]] std::uint64_t returning_bytes() const noexcept;
   /// Memory a flush still has to give back: queued pages, unmaps requested or waiting for their
   /// event, address ranges waiting for their unmaps.
   [[nodiscard]] std::size_t pending_deallocations() const noexcept {

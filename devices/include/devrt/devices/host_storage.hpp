@@ -41,6 +41,8 @@ class host_storage {
   result<memory::storage_handle> alloc(std::uint64_t size);
   /// Queues the page for release at the next flush.
   void dealloc(memory::storage_id id);
+  /// Bytes given back whose release is still queued (until the next flush).
+  [[nodiscard]] std::uint64_t returning_bytes() const noexcept;
   /// Releases every queued page.
   result<void> flush();
   /// The pointer and size of a view. Errors: not_found (unknown page), invalid_argument (the view

@@ -39,6 +39,8 @@ class sim_storage {
   /// Errors: out_of_memory when the capacity would be exceeded or a failure was injected.
   result<memory::storage_handle> alloc(std::uint64_t size);
   void dealloc(memory::storage_id id);
+  /// Bytes of queued pages (released at the next flush).
+  [[nodiscard]] std::uint64_t returning_bytes() const noexcept;
   /// Releases queued pages. Error device_error when a failure was injected; the queue is kept.
   result<void> flush();
   /// A resource with no pointer. Errors: not_found, invalid_argument.

@@ -57,7 +57,7 @@ struct pool_context {
     if (r) {
       ++stats.driver_allocs;
       stats.bytes_reserved += size;
-      if (stats.bytes_reserved > stats.peak_bytes_reserved) stats.peak_bytes_reserved = stats.bytes_reserved;
+      note_peak();
     } else if (r.code() == errc::out_of_memory) {
       ++stats.out_of_memory;
     }
@@ -75,7 +75,7 @@ struct pool_context {
     if (r) {
       ++stats.maps;
       stats.bytes_reserved += size;
-      if (stats.bytes_reserved > stats.peak_bytes_reserved) stats.peak_bytes_reserved = stats.bytes_reserved;
+      note_peak();
     } else if (r.code() == errc::out_of_memory) {
       ++stats.out_of_memory;
     }
@@ -86,6 +86,11 @@ struct pool_context {
     store.unmap(range, offset, size);
     ++stats.unmaps;
     stats.bytes_reserved -= size;
+  }
+  /// The peak of what the device holds: the pools' memory and what is still on its way back.
+  void note_peak() {
+    const std::uint64_t held = stats.bytes_reserved + store.returning_bytes();
+    if (held > stats.peak_bytes_reserved) stats.peak_bytes_reserved = held;
   }
   void add_in_use(std::uint64_t bytes) {
     stats.bytes_in_use += bytes;

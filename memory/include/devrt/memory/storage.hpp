@@ -160,6 +160,10 @@ class storage {
   /// Copies the view's bytes into `dst`; complete when it returns.
   result<void> read(const storage_handle& h, void* dst) { return impl_->read(h, dst); }
   [[nodiscard]] std::size_t pending_deallocations() const { return impl_->pending(); }
+  /// Bytes given back to the device that it has not taken back yet (queued deallocations, unmaps
+  /// waiting behind queued work): still held, so still counted as reserved. 0 where a backend does
+  /// not say.
+  [[nodiscard]] std::uint64_t returning_bytes() const { return impl_->returning(); }
   [[nodiscard]] std::string name() const { return impl_->name(); }
 
   /// The device's work queue (a cudaStream_t on CUDA devices); nullptr when it has none.
@@ -215,6 +219,7 @@ class storage {
     virtual result<void> write(const storage_handle& h, const void* src) = 0;
     virtual result<void> read(const storage_handle& h, void* dst) = 0;
     [[nodiscard]] virtual std::size_t pending() const = 0;
+    [[nodiscard]] virtual std::uint64_t returning() const = 0;
     [[nodiscard]] virtual std::string name() const = 0;
     virtual void* native_queue() = 0;
     virtual result<void> begin_capture() = 0;
@@ -246,6 +251,13 @@ class storage {
     result<void> write(const storage_handle& h, const void* src) override { return backend->write(h, src); }
     result<void> read(const storage_handle& h, void* dst) override { return backend->read(h, dst); }
     [[nodiscard]] std::size_t pending() const override { return backend->pending_deallocations(); }
+    [[nodiscard]] std::uint64_t returning() const override {
+      if constexpr (requires { backend->returning_bytes(); }) {
+        return backend->returning_bytes();
+      } else {
+        return 0;
+      }
+    }
     [[nodiscard]] std::string name() const override { return backend->name(); }
     void* native_queue() override {
       if constexpr (queued_backend<S>) return backend->native_queue();

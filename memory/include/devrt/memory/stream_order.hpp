@@ -34,8 +34,9 @@
 // Owner: the memory manager; single-threaded like it.
 #pragma once
 
-#include <boost/container/small_vector.hpp>
+#include <array>
 #include <cstdint>
+#include <initializer_list>
 #include <deque>
 #include <vector>
 
@@ -45,8 +46,32 @@
 
 namespace devrt::memory {
 
-/// Streams named for one allocation: its own and those `record_stream` added.
-using stream_set = boost::container::small_vector<queue_id, 3>;
+/// Streams named for one allocation: its own and those `record_stream` added. Up to four without
+/// a heap allocation (more are rare), contiguous either way.
+class stream_set {
+ public:
+  stream_set() = default;
+  stream_set(std::initializer_list<queue_id> qs) {
+    for (const queue_id q : qs) push_back(q);
+  }
+  void push_back(queue_id q) {
+    if (!heap_.empty() || n_ == inline_.size()) {
+      if (heap_.empty()) heap_.assign(inline_.begin(), inline_.begin() + n_);
+      heap_.push_back(q);
+      return;
+    }
+    inline_[n_++] = q;
+  }
+  [[nodiscard]] const queue_id* begin() const noexcept { return heap_.empty() ? inline_.data() : heap_.data(); }
+  [[nodiscard]] const queue_id* end() const noexcept { return begin() + size(); }
+  [[nodiscard]] std::size_t size() const noexcept { return heap_.empty() ? n_ : heap_.size(); }
+  [[nodiscard]] queue_id front() const noexcept { return *begin(); }
+
+ private:
+  std::array<queue_id, 4> inline_{};
+  std::size_t n_ = 0;
+  std::vector<queue_id> heap_;
+};
 
 class stream_order {
  public:

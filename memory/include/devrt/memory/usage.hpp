@@ -29,7 +29,12 @@ struct memory_usage {
 
 /// Running statistics of a manager: current and peak values, and event counts.
 struct memory_statistics {
+  /// Bytes the pools hold from the device.
   std::uint64_t bytes_reserved = 0;
+  /// Bytes the pools gave back that the device has not taken back yet (queued frees, unmaps behind
+  /// queued work); the memory the device holds for devrt is bytes_reserved + bytes_returning.
+  std::uint64_t bytes_returning = 0;
+  /// Peak of what the device held for devrt (bytes_reserved + bytes_returning).
   std::uint64_t peak_bytes_reserved = 0;
   std::uint64_t bytes_in_use = 0;
   std::uint64_t peak_bytes_in_use = 0;
