@@ -8,6 +8,8 @@
 #include <string>
 #include <type_traits>
 
+#include "devrt/devices/peer_access.hpp"
+
 namespace devrt::devices {
 
 namespace {
@@ -67,6 +69,22 @@ class cuda_graph final : public memory::recorded_work {
   int device_;
 };
 
+// Puts the calling thread's current device back as it was when the scope ends.
+struct restore_current_device {
+  int previous = -1;
+  restore_current_device() {
+    if (cudaGetDevice(&previous) != cudaSuccess) {
+      cudaGetLastError();
+      previous = -1;
+    }
+  }
+  restore_current_device(const restore_current_device&) = delete;
+  restore_current_device& operator=(const restore_current_device&) = delete;
+  ~restore_current_device() {
+    if (previous >= 0) cudaSetDevice(previous);
+  }
+};
+
 }  // namespace
 
 int cuda_device_count() noexcept {
@@ -92,20 +110,7 @@ std::string cuda_unavailable_reason() {
 cuda_storage::cuda_storage(int device) : device_(device), name_("cuda:" + std::to_string(device)) {
   // The storage is created on the caller's thread (the runtime creates a device on its first use):
   // leave that thread's current device as it was, failure or not.
-  struct restore_current_device {
-    int previous = -1;
-    restore_current_device() {
-      if (cudaGetDevice(&previous) != cudaSuccess) {
-        cudaGetLastError();
-        previous = -1;
-      }
-    }
-    restore_current_device(const restore_current_device&) = delete;
-    restore_current_device& operator=(const restore_current_device&) = delete;
-    ~restore_current_device() {
-      if (previous >= 0) cudaSetDevice(previous);
-    }
-  } restore;
+  const restore_current_device restore;
   auto fail = [&](cudaError_t e, const char* what) {
     cudaGetLastError();
     error err = cuda_error(e, what);
@@ -343,6 +348,7 @@ struct cuda_storage::driver_api {
   decltype(&cuMemMap) map = nullptr;
   decltype(&cuMemUnmap) unmap = nullptr;
   decltype(&cuMemSetAccess) set_access = nullptr;
+  decltype(&cuMemGetAccess) get_access = nullptr;
   decltype(&cuMemGetAllocationGranularity) granularity = nullptr;
   decltype(&cuDeviceGetAttribute) attribute = nullptr;
   decltype(&cuGetErrorName) error_name = nullptr;
@@ -369,6 +375,7 @@ struct cuda_storage::driver_api {
       get("cuMemMap", a->map);
       get("cuMemUnmap", a->unmap);
       get("cuMemSetAccess", a->set_access);
+      get("cuMemGetAccess", a->get_access);
       get("cuMemGetAllocationGranularity", a->granularity);
       get("cuDeviceGetAttribute", a->attribute);
       get("cuGetErrorName", a->error_name);
@@ -553,13 +560,15 @@ result<void> cuda_storage::map(memory::storage_id id, std::uint64_t offset, std:
     step = "cuMemMap";
     cr = api_->map(at, size, 0, h, 0);
     if (cr == CUDA_SUCCESS) {
-      CUmemAccessDesc access{};
-      access.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-      access.location.id = device_;
-      access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+      // The device itself and every peer given access (set_peer_access), in one call.
       step = "cuMemSetAccess";
-      cr = api_->set_access(at, size, &access, 1);
-      if (cr != CUDA_SUCCESS) api_->unmap(at, size);
+      if (auto a = set_mapping_access(at, size, {}); !a) {
+        api_->unmap(at, size);
+        api_->release(h);
+        error e = std::move(a).err();
+        e.size = size;
+        return e;
+      }
     }
     if (cr != CUDA_SUCCESS) api_->release(h);
   }
@@ -580,6 +589,108 @@ result<void> cuda_storage::map(memory::storage_id id, std::uint64_t offset, std:
   allocated_ += size;
   ++driver_allocs_;
   return {};
+}
+
+result<void> cuda_storage::set_mapping_access(std::uint64_t at, std::uint64_t size,
+                                              const std::vector<int>& revoked) const {
+  std::vector<CUmemAccessDesc> access(1 + peers_.size() + revoked.size());
+  auto set = [&](std::size_t i, int device, CUmemAccess_flags flags) {
+    access[i].location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    access[i].location.id = device;
+    access[i].flags = flags;
+  };
+  set(0, device_, CU_MEM_ACCESS_FLAGS_PROT_READWRITE);
+  for (std::size_t i = 0; i < peers_.size(); ++i) set(1 + i, peers_[i], CU_MEM_ACCESS_FLAGS_PROT_READWRITE);
+  for (std::size_t i = 0; i < revoked.size(); ++i)
+    set(1 + peers_.size() + i, revoked[i], CU_MEM_ACCESS_FLAGS_PROT_NONE);
+  if (CUresult r = api_->set_access(at, size, access.data(), access.size()); r != CUDA_SUCCESS) {
+    error e = api_->fail(r, "cuMemSetAccess failed (access for the device and its peers)");
+    e.detail = "cuMemSetAccess";
+    return e;
+  }
+  return {};
+}
+
+result<void> cuda_storage::set_peer_access(std::vector<int> peers) {
+  if (auto v = validate_peers(device_, peers, cuda_device_count()); !v) return v;
+  // The runtime applies its options from the thread that first asks for the device.
+  const restore_current_device restore;
+  if (auto b = bind_device(); !b) return b;
+  for (const int p : peers) {
+    // Kernels and copy engines of `p` read this device's memory: can p reach it?
+    int can = 0;
+    if (auto e = cudaDeviceCanAccessPeer(&can, p, device_); e != cudaSuccess) {
+      cudaGetLastError();
+      error err = cuda_error(e, "cudaDeviceCanAccessPeer failed");
+      err.code = errc::device_error;
+      err.text = peer_pair(device_, p) + ": " + err.text;
+      return err;
+    }
+    if (can == 0) {
+      error e = error::make(errc::unsupported,
+                            "the peer cannot reach this device's memory (no NVLink or PCIe peer-to-peer path, "
+                            "cudaDeviceCanAccessPeer); copy between them with devrt::runtime::copy instead");
+      e.text = peer_pair(device_, p);
+      return e;
+    }
+    int vmm = 0;
+    if (api_ && (api_->attribute(&vmm, CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED, p) != CUDA_SUCCESS ||
+                 vmm == 0)) {
+      error e = error::make(errc::unsupported,
+                            "the peer has no virtual memory management, so it cannot be given access to this "
+                            "device's mapped (arena) memory; use a layout without an arena on this device");
+      e.text = peer_pair(device_, p);
+      return e;
+    }
+  }
+  std::vector<int> revoked;
+  for (const int p : peers_) {
+    if (std::find(peers.begin(), peers.end(), p) == peers.end()) revoked.push_back(p);
+  }
+  peers_ = std::move(peers);
+  // The pool behind cudaMallocAsync: its pages, present and future, follow the pool's access.
+  cudaMemPool_t pool = nullptr;
+  if (auto e = cudaDeviceGetMemPool(&pool, device_); e != cudaSuccess) {
+    cudaGetLastError();
+    return cuda_error(e, "cudaDeviceGetMemPool failed");
+  }
+  std::vector<cudaMemAccessDesc> pool_access;
+  for (const int p : peers_) {
+    pool_access.push_back(cudaMemAccessDesc{{cudaMemLocationTypeDevice, p}, cudaMemAccessFlagsProtReadWrite});
+  }
+  for (const int p : revoked) {
+    pool_access.push_back(cudaMemAccessDesc{{cudaMemLocationTypeDevice, p}, cudaMemAccessFlagsProtNone});
+  }
+  if (!pool_access.empty()) {
+    if (auto e = cudaMemPoolSetAccess(pool, pool_access.data(), pool_access.size()); e != cudaSuccess) {
+      cudaGetLastError();
+      return cuda_error(e, "cudaMemPoolSetAccess failed");
+    }
+  }
+  // Every mapping still there (unmaps not done yet included: a mapping can be revived).
+  for (auto& [id, r] : ranges_) {
+    for (std::uint64_t k = 0; k < r.units.size(); ++k) {
+      const unit& u = r.units[k];
+      if (u.owner != k || u.state == unit_state::none) continue;
+      if (auto a = set_mapping_access(r.base + k * r.unit_size, u.count * r.unit_size, revoked); !a) return a;
+    }
+  }
+  return {};
+}
+
+result<bool> cuda_storage::mapped_access(const void* ptr, int peer) const {
+  if (!api_ || api_->get_access == nullptr) {
+    return error::make(errc::unsupported, "the driver offers no virtual memory management on this GPU");
+  }
+  CUmemLocation where{};
+  where.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  where.id = peer;
+  unsigned long long flags = 0;  // NOLINT(google-runtime-int): the driver's type
+  if (CUresult r = api_->get_access(&flags, &where, reinterpret_cast<std::uintptr_t>(ptr));
+      r != CUDA_SUCCESS) {  // NOLINT
+    return api_->fail(r, "cuMemGetAccess failed (is the pointer in a mapped range of this device?)");
+  }
+  return flags == CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
 }
 
 void cuda_storage::unmap(memory::storage_id id, std::uint64_t offset, std::uint64_t size) {

@@ -47,8 +47,8 @@ std::string error::message() const {
           detail);
     case errc::already_bound: return fmt::format("{}: bind needs a fresh handle from memory_handle::make()", detail);
     case errc::invalid_argument:
-      if (size != 0 || limit != 0) return fmt::format("invalid argument: {} ({} > {})", detail, size, limit);
-      return fmt::format("invalid argument: {}", detail);
+      if (size != 0 || limit != 0) return fmt::format("invalid argument: {} ({} > {}){}", detail, size, limit, where);
+      return fmt::format("invalid argument: {}{}", detail, where);
     case errc::buffer_too_big:
       return fmt::format(
           "cannot allocate {} bytes: no pool of the layout accepts this size (the largest pool "

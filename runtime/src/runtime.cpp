@@ -4,6 +4,8 @@
 #include "devrt/devices/cuda_storage.hpp"
 #endif
 
+#include "devrt/devices/peer_access.hpp"
+
 #include <spdlog/sinks/stdout_sinks.h>
 #include <spdlog/spdlog.h>
 #include <algorithm>
@@ -70,6 +72,11 @@ runtime::runtime(runtime_options opts) {
       }
     }
   }
+  // Peer lists are checked for what needs no GPU now; the devices themselves on first use.
+  for (const auto& [device, peers] : opts.peer_access) {
+    if (auto v = devices::validate_peers(device, peers, std::nullopt); !v) throw exception(std::move(v).err());
+  }
+  peer_access_ = opts.peer_access;
 #ifdef DEVRT_WITH_CUDA
   if (opts.use_cuda) cuda_visible_ = devices::cuda_device_count();
 #endif
@@ -185,8 +192,14 @@ compute_client runtime::client(device_kind kind, int index) const {
   }
   // First use: the context, stream and actor of this device only. cuda_storage leaves the calling
   // thread's current device as it was.
+  auto store = memory::storage::make<devices::cuda_storage>(index);
+  if (auto p = peer_access_.find(index); p != peer_access_.end()) {
+    if (auto r = store.backend<devices::cuda_storage>()->set_peer_access(p->second); !r) {
+      throw exception(std::move(r).err());
+    }
+  }
   actors_.push_back(make_actor(device_info{device_kind::cuda, index, "cuda:" + std::to_string(index), {}},
-                               memory::storage::make<devices::cuda_storage>(index), cuda_layout_));
+                               std::move(store), cuda_layout_));
   return compute_client(actors_.back());
 #endif
 }

@@ -122,6 +122,26 @@ class cuda_storage {
   /// Physical allocations created for ranges (cuMemCreate calls).
   [[nodiscard]] std::uint64_t physical_allocations() const noexcept { return physical_allocs_; }
 
+  // ---- Peer access ----
+  /// Makes this device's memory readable and writable by kernels and copies of the devices in
+  /// `peers` (CUDA indices), replacing the previous list (devices left out lose access): every
+  /// mapping of the ranges, those there now and every later one, gets one access descriptor per
+  /// device (cuMemSetAccess), and the pool cudaMallocAsync pages come from (the device's current
+  /// memory pool, cudaDeviceGetMemPool) gets the same (cudaMemPoolSetAccess; that pool is the
+  /// process's, shared with any other user of it). Errors: invalid_argument (a peer that is not a
+  /// device, the device itself, a peer listed twice), unsupported (no peer path between the two,
+  /// cudaDeviceCanAccessPeer; or a peer without virtual memory management while ranges are in
+  /// use), device_error. On an error from the driver the list may be applied in part.
+  result<void> set_peer_access(std::vector<int> peers);
+  /// The devices that may access this device's memory besides itself.
+  [[nodiscard]] const std::vector<int>& peers() const noexcept { return peers_; }
+  /// Whether the view is memory mapped into an address range (arena memory) rather than a page of
+  /// cudaMallocAsync: another device reaches mapped memory only with peer access to it.
+  [[nodiscard]] bool mapped(const memory::storage_handle& h) const noexcept { return ranges_.contains(h.id); }
+  /// Whether device `peer` may read and write the memory mapped at `ptr` in one of the ranges
+  /// (cuMemGetAccess), for tests and diagnostics. Errors: unsupported (no ranges), device_error.
+  result<bool> mapped_access(const void* ptr, int peer) const;
+
  private:
   struct page {
     void* ptr;
@@ -184,6 +204,9 @@ class cuda_storage {
   void setup_mapping();
   void release_mapping(range& r, std::uint64_t start);
   void free_range_now(memory::storage_id id);
+  /// Sets the access of every device to the mapping at [at, at + size): read-write for the device
+  /// and its peers, none for `revoked`.
+  result<void> set_mapping_access(std::uint64_t at, std::uint64_t size, const std::vector<int>& revoked) const;
   // Events and tickets.
   result<void*> take_event();
   void give_event(void* ev) noexcept;
@@ -222,6 +245,7 @@ class cuda_storage {
   std::vector<std::pair<memory::ticket, staging_buffer>> staging_in_flight_;
   std::uint64_t staging_bytes_ = 0;
   std::uint64_t gpu_waits_ = 0;
+  std::vector<int> peers_;  // devices given access to this device's memory (set_peer_access)
 };
 
 static_assert(memory::storage_backend<cuda_storage>);

@@ -18,6 +18,7 @@
 
 #include <boost/asio/thread_pool.hpp>
 #include <chrono>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -30,6 +31,7 @@
 #include "devrt/runtime/compute_client.hpp"
 #include "devrt/runtime/config.hpp"
 #include "devrt/runtime/device_actor.hpp"
+#include "devrt/runtime/device_report.hpp"
 
 namespace devrt::runtime {
 
@@ -47,6 +49,13 @@ struct runtime_options {
   /// an index that is not a device is a not_found error from `client`.
   std::optional<std::vector<int>> cuda_devices;
   memory::memory_layout cuda_layout = memory::preset::automatic;
+  /// Peer access between CUDA devices: the memory of device `key` is made readable and writable
+  /// from the devices listed (`{{0, {1}}}`: kernels and copies on cuda:1 reach cuda:0's memory),
+  /// when the device is first used, before any allocation (see peer_access.hpp; later changes:
+  /// `set_peer_access`). Negative indices, a device listed as its own peer, or a peer listed twice
+  /// are refused here (invalid_argument); a peer that is not a device, or a pair without a peer
+  /// path, makes `client` of that device throw (invalid_argument, unsupported).
+  std::map<int, std::vector<int>> peer_access;
   /// Config file; by default DEVRT_CONFIG names it, if set.
   std::optional<std::string> config_file;
   /// Read DEVRT_* environment variables.
@@ -95,6 +104,10 @@ class runtime {
   /// Whether the device's actor runs (CUDA actors start on the first `client` call).
   [[nodiscard]] bool started(device_kind kind, int index = 0) const;
   [[nodiscard]] const runtime_config& config() const noexcept { return config_; }
+  /// Every started device's statistics and report, and a table of them side by side
+  /// (`report().table()`). Waits for each device's answer; a device that has shut down is listed
+  /// with the reason. Not from a device strand (its own device would have to answer first).
+  [[nodiscard]] runtime_report report() const;
 
  private:
   std::shared_ptr<device_actor> make_actor(device_info info, memory::storage store,
@@ -107,6 +120,7 @@ class runtime {
   std::chrono::microseconds idle_spin_{0};
   memory::memory_layout cuda_layout_;
   std::vector<int> cuda_devices_;  // the usable CUDA devices, by CUDA index
+  std::map<int, std::vector<int>> peer_access_;  // applied to a CUDA device when it is first used
   int cuda_visible_ = 0;           // devices the CUDA runtime shows (0 without CUDA)
   // Guards actors_ and stopped_: CUDA actors are added by `client` from any thread.
   mutable std::mutex mutex_;
