@@ -34,7 +34,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import common  # noqa: E402
+import bench_common as common  # noqa: E402
 
 SEED = 20261201
 OPS = ((3, 7), (2, -11))  # y = x * a + b on stream A, then z = y * a2 + b2 on stream B
@@ -52,15 +52,7 @@ def config(small: bool) -> dict:
 
 def expected_sum(n: int, m: int) -> int:
     """Sum over i < n of ((i*m % 1000) * a + b) * a2 + b2, in Python integers (exact)."""
-    (a, b), (a2, b2) = OPS
-    # sum of (i*m % 1000) over i < n, by whole periods of i*m mod 1000.
-    import math
-
-    period = 1000 // math.gcd(m, 1000)
-    one = sum((i * m) % 1000 for i in range(period))
-    full, rest = divmod(n, period)
-    s = full * one + sum((i * m) % 1000 for i in range(rest))
-    return (s * a + n * b) * a2 + n * b2
+    return common.affine_sum(n, m, OPS)
 
 
 SPIN_SRC = r"""
@@ -102,7 +94,8 @@ def main(argv=None) -> int:
 
             devrt.cupy.install()
         except Exception as e:  # noqa: BLE001
-            common.fail(f"devrt.cupy.install() failed with {lib_path}: {type(e).__name__}: {e}")
+            common.fail(f"devrt.cupy.install() failed with {lib_path}: {type(e).__name__}: {e}"
+                        + common.load_hint(e))
     pool = cupy.get_default_memory_pool()
 
     c = config(args.small)

@@ -7,7 +7,8 @@ run's.
         --runs 3 --out $OUT/torch_bench.json
 
 Writes the summary JSON to --out, the same tables as markdown next to it (.md), and each process's
-JSON result and log under <out folder>/torch_bench_runs/. Exit status: 0 all ran, every check
+JSON result and log into --runs-dir (default a temporary folder), packed into <out>_runs.tar.gz next
+to --out: three files in all beside --out. Exit status: 0 all ran, every check
 passed and every output agreed; 1 a wrong result, a disagreement or a failed run; 2 could not start.
 """
 
@@ -20,13 +21,15 @@ import os
 import statistics
 import subprocess
 import sys
+import tarfile
+import tempfile
 import time
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import common  # noqa: E402
+import bench_common as common  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 
@@ -240,16 +243,38 @@ def run_one(cmd: List[str], env: Dict[str, str], out: Path, log: Path, timeout: 
             result["error"] = f"unreadable result {out}: {e}"
     else:
         result = common.new_result(workload, allocator, "?", False)
-        tail = log.read_text(errors="replace").strip().splitlines()[-3:]
+        lines = [ln for ln in log.read_text(errors="replace").strip().splitlines()[1:] if ln.strip()]
         result["error"] = (f"timed out after {timeout:.0f} s" if rc == -1 else f"exit status {rc}, no result; "
-                           + " / ".join(tail))
+                           + " / ".join(lines[-2:]))
     if rc != 0 and result.get("error") is None:
         result["error"] = f"exit status {rc}"
     if rc != 0:
         result["ok"] = False
+        result["log_tail"] = log.read_text(errors="replace").splitlines()[-40:]
     result["exit_status"] = rc
     result["process_s"] = elapsed
     return rc, result
+
+
+def archive_path(out: Path) -> Path:
+    return out.with_name(out.stem + "_runs.tar.gz")
+
+
+def write_outputs(out: Path, report: Dict[str, Any], tables: List[str], run_dir: Path, started: str, args) -> None:
+    """The summary JSON, the markdown tables and the archive of the per-run files."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(out.name + ".tmp")
+    tmp.write_text(json.dumps(report, indent=1, default=str))
+    os.replace(tmp, out)
+    partial = "" if report.get("complete") else " (incomplete: later workloads have not run)"
+    out.with_suffix(".md").write_text(
+        f"# torch_bench ({started}, {args.runs} runs{', small' if args.small else ''}){partial}\n\n"
+        + "\n".join(tables))
+    archive = archive_path(out)
+    tmp = archive.with_name(archive.name + ".tmp")
+    with tarfile.open(tmp, "w:gz") as tar:
+        tar.add(str(run_dir), arcname="torch_bench_runs")
+    os.replace(tmp, archive)
 
 
 def parse_args(argv=None):
@@ -268,6 +293,9 @@ def parse_args(argv=None):
     p.add_argument("--deterministic", type=int, default=1, choices=(0, 1))
     p.add_argument("--python", default=sys.executable, help="the interpreter for the workload processes")
     p.add_argument("--timeout", type=float, default=300.0, help="seconds per process (default 300)")
+    p.add_argument("--runs-dir", default=None,
+                   help="folder for each process's JSON result and log (default: a new temporary folder; "
+                        "they are also packed into <out>_runs.tar.gz next to --out)")
     p.add_argument("--dry-run", action="store_true", help="print the commands, run nothing")
     return p.parse_args(argv)
 
@@ -286,9 +314,18 @@ def main(argv=None) -> int:
         common.fail("--runs must be at least 1")
     lib = None
     if "devrt" in allocators:
-        lib = common.check_library(args.lib) if not args.dry_run else str(Path(args.lib).resolve())
+        if args.dry_run:
+            lib = str(Path(args.lib).resolve())
+        else:
+            lib = common.check_library(args.lib)
+            common.check_loadable(lib)
     out = Path(args.out).resolve()
-    run_dir = out.parent / "torch_bench_runs"
+    if args.runs_dir:
+        run_dir = Path(args.runs_dir).resolve()
+    elif args.dry_run:
+        run_dir = Path(tempfile.gettempdir()) / "torch_bench_runs"
+    else:
+        run_dir = Path(tempfile.mkdtemp(prefix="torch_bench_runs_"))
     if not args.dry_run:
         run_dir.mkdir(parents=True, exist_ok=True)
 
@@ -350,14 +387,12 @@ def main(argv=None) -> int:
         overall_ok = overall_ok and summary["ok"]
         report["workloads"][w] = {"impl": impl, "summary": summary,
                                   "runs": {a: [strip_outputs(x) for x in rs] for a, rs in runs.items()}}
-    report["total_s"] = time.perf_counter() - t_all
-    report["ok"] = overall_ok
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(report, indent=1, default=str))
-    md = out.with_suffix(".md")
-    md.write_text(f"# torch_bench ({started}, {args.runs} runs{', small' if args.small else ''})\n\n"
-                  + "\n".join(tables))
-    print(f"total {report['total_s']:.0f} s; summary: {out}; tables: {md}; per-run results and logs: {run_dir}")
+        report["total_s"] = time.perf_counter() - t_all
+        report["ok"] = overall_ok
+        report["complete"] = w == workloads[-1]
+        write_outputs(out, report, tables, run_dir, started, args)  # after each workload: a cut-off run keeps its figures
+    print(f"total {report['total_s']:.0f} s; summary: {out}; tables: {out.with_suffix('.md')}; per-run results and "
+          f"logs: {run_dir} (packed in {archive_path(out)})")
     if not overall_ok:
         print("torch_bench: FAILED: a run failed, a check found wrong results, or outputs differ (see above)")
         return common.EXIT_WRONG

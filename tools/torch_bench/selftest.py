@@ -20,7 +20,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-import common  # noqa: E402
+import bench_common as common  # noqa: E402
 import run_all  # noqa: E402
 
 failures = []
@@ -43,7 +43,7 @@ def test_parse():
             compile(f.read_text(), str(f), "exec")
         except SyntaxError as e:
             expect(False, f"{f.name} does not parse: {e}")
-    for name in ("workload.py", "cupy_workload.py", "run_all.py", "common.py"):
+    for name in ("workload.py", "cupy_workload.py", "run_all.py", "bench_common.py"):
         expect((HERE / name).is_file(), f"{name} exists")
 
 
@@ -78,6 +78,17 @@ def test_schedules():
         direct = sum((((i * m) % 1000) * a + b) * a2 + b2 for i in range(n))
         expect(cupy_workload.expected_sum(n, m) == direct, f"cupy expected_sum({n}, {m})")
     expect(set(workload.RUNNERS) == set(common.TORCH_WORKLOADS), "workload.py runs every torch workload")
+    # side_stream's exact sums: the affine chain of its four hops against a direct sum.
+    ops = [(1, 1), (3, 0), (1, -5), (2, 7)]
+    for n, m in [(1, 1), (999, 7), (5000, 10), (12289, 13)]:
+        for hops in (1, 4):
+            direct = 0
+            for i in range(n):
+                v = (i * m) % 1000
+                for a_, b_ in ops[:hops]:
+                    v = v * a_ + b_
+                direct += v
+            expect(common.affine_sum(n, m, ops[:hops]) == direct, f"affine_sum({n}, {m}, {hops} hops)")
 
 
 def result(alloc, reserved, live, wall, loss_scale=1.0, ok=True, check_ok=True, outputs=True):
@@ -190,6 +201,12 @@ def test_command_lines():
         r = run([py, str(HERE / "run_all.py"), "--lib", f"{d}/nope/libdevrt_c.so", "--out", f"{d}/x.json"])
         expect(r.returncode == 2 and "libdevrt_c.so not found" in r.stderr and "cmake" in r.stderr,
                f"run_all names the missing library ({r.returncode}, {r.stderr.strip()})")
+        # run_all: a library that exists but does not load is a clear error too.
+        junk = Path(d) / "junk" / "libdevrt_c.so"
+        junk.parent.mkdir()
+        junk.write_bytes(b"not an ELF file")
+        r = run([py, str(HERE / "run_all.py"), "--lib", str(junk), "--out", f"{d}/x.json"])
+        expect(r.returncode == 2 and "cannot load" in r.stderr, f"run_all names a library that does not load ({r.stderr})")
         # run_all --dry-run: every workload, allocator and run, fresh processes.
         fake = Path(d) / "libdevrt_c.so"
         fake.write_bytes(b"")
@@ -229,8 +246,80 @@ def test_command_lines():
     expect(str(common.PYTHON_DIR) in run_all.child_env("default", None)["PYTHONPATH"], "children see python/")
 
 
+FAKE_PYTHON = r'''#!%(python)s
+# Stands in for python3 + workload.py / cupy_workload.py: writes a plausible result from the arguments.
+import json, sys
+sys.path.insert(0, %(here)r)
+import bench_common as common
+args = sys.argv[2:]
+opt = {args[i]: args[i + 1] for i in range(len(args) - 1) if args[i].startswith("--") and not args[i + 1].startswith("--")}
+w = opt.get("--workload", "cupy_two_streams")
+a = opt["--allocator"]
+impl = opt.get("--impl", "cupy")
+if w == "llama_gen" and impl == "auto":
+    print("torch_bench: transformers path unusable: a fake API change", file=sys.stderr)
+    sys.exit(common.EXIT_NO_TRANSFORMERS)
+r = common.new_result(w, a, "plain" if impl == "auto" else impl, "--small" in args)
+scale = {"default": 1.0, "expandable": 0.9, "devrt": 0.8}[a]
+r.update(ok=True, check_ok=True, peak_reserved_bytes=int(2e9 * scale), peak_live_bytes=int(1.5e9), wall_s=1.0 + scale,
+         checks={"wrong_elements": 0})
+loss = [10.0, 9.0]
+if w == "bert_infer" and a == "devrt":
+    loss = [10.0, 9.5]  # a disagreement
+r["outputs"] = [common.group("loss", loss, "rel", 1e-3)]
+common.write_result(opt["--out"], r)
+print(w, a, "ok")
+'''
+
+
+def test_run_all_loop():
+    """run_all's whole loop with a fake interpreter: fallback to plain models, tables, files, status."""
+    with tempfile.TemporaryDirectory() as d:
+        fake = Path(d) / "fakepython"
+        fake.write_text(FAKE_PYTHON % {"python": sys.executable, "here": str(HERE)})
+        fake.chmod(0o755)
+        lib = Path(d) / "lib" / "libdevrt_c.so"
+        lib.parent.mkdir()
+        import shutil
+
+        real = common.DEFAULT_LIB
+        if not real.is_file():
+            print("selftest: (no build/release/runtime/libdevrt_c.so: run_all's loop is checked without devrt)")
+            allocs = "default,expandable"
+        else:
+            shutil.copy(real, lib)
+            allocs = "default,expandable,devrt"
+        out = Path(d) / "out" / "tb.json"
+        r = run([sys.executable, str(HERE / "run_all.py"), "--python", str(fake), "--lib", str(lib), "--runs", "2",
+                 "--allocators", allocs, "--workloads", "llama_gen,gpt2_train,bert_infer,cupy_two_streams",
+                 "--out", str(out)])
+        n_alloc = len(allocs.split(","))
+        expect("running llama_gen with plain torch.nn models" in r.stdout, "fallback to plain announced")
+        expect(out.is_file() and out.with_suffix(".md").is_file() and (out.parent / "tb_runs.tar.gz").is_file(),
+               f"summary, tables and archive written ({sorted(p.name for p in out.parent.iterdir()) if out.parent.exists() else None})")
+        if not out.is_file():
+            print(r.stdout, r.stderr)
+            return
+        rep = json.loads(out.read_text())
+        expect(rep["workloads"]["llama_gen"]["impl"] == "plain", "llama_gen ran with plain models after the fallback")
+        expect(all(len(v) == 2 for v in rep["workloads"]["llama_gen"]["runs"].values()), "two runs of each allocator")
+        expect(len(rep["workloads"]["cupy_two_streams"]["runs"]) == (2 if n_alloc == 3 else 1),
+               "cupy: no expandable runs")
+        gpt = {x["allocator"]: x for x in rep["workloads"]["gpt2_train"]["summary"]["rows"]}
+        expect(abs(gpt["expandable"]["reserved_vs_reference"] - 0.9) < 1e-6, "ratio from the fake runs")
+        expect(rep["workloads"]["gpt2_train"]["summary"]["ok"], "gpt2 ok")
+        if n_alloc == 3:
+            expect(not rep["workloads"]["bert_infer"]["summary"]["ok"], "the fake disagreement is caught")
+            expect(r.returncode == 1 and "FAILED" in r.stdout, f"exit status 1 on a disagreement ({r.returncode})")
+        else:
+            expect(r.returncode == 0, f"exit status 0 when all agree ({r.returncode}: {r.stdout[-500:]})")
+        expect(rep["complete"], "summary marked complete")
+        md = out.with_suffix(".md").read_text()
+        expect(md.count("### ") == 4, "a table per workload")
+
+
 def main() -> int:
-    for t in (test_parse, test_schedules, test_compare, test_summary_and_table, test_command_lines):
+    for t in (test_parse, test_schedules, test_compare, test_summary_and_table, test_command_lines, test_run_all_loop):
         try:
             t()
         except Exception as e:  # noqa: BLE001

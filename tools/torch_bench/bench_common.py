@@ -54,6 +54,24 @@ def check_library(path: Optional[str]) -> str:
     return str(p)
 
 
+def load_hint(error: BaseException) -> str:
+    """A hint for a library that exists but does not load (a dependency missing on this machine)."""
+    if isinstance(error, OSError) and "cannot open shared object" in str(error):
+        return ("; a library that libdevrt_c.so needs is missing here: `ldd` on it shows which; copy those "
+                "(libfmt, libspdlog) from the build machine and put their folder on LD_LIBRARY_PATH")
+    return ""
+
+
+def check_loadable(lib_path: str) -> None:
+    """Exits with a message if ``lib_path`` exists but cannot be loaded (no torch needed)."""
+    import ctypes  # noqa: PLC0415
+
+    try:
+        ctypes.CDLL(lib_path)
+    except OSError as e:
+        fail(f"cannot load {lib_path}: {e}{load_hint(e)}")
+
+
 def prepare_devrt_import(lib_path: str) -> None:
     """Makes ``import devrt`` load ``lib_path``: sets DEVRT_LIBRARY and puts python/ on sys.path."""
     os.environ["DEVRT_LIBRARY"] = lib_path
@@ -97,6 +115,26 @@ def write_result(path: Optional[str], result: Dict[str, Any]) -> None:
     with open(tmp, "w") as f:
         json.dump(result, f, separators=(",", ":"))
     os.replace(tmp, p)
+
+
+# ---- exact references (plain integers, no torch) ----
+
+def periodic_sum(n: int, m: int, mod: int = 1000) -> int:
+    """sum over i < n of (i * m) % mod, exactly, by whole periods."""
+    import math  # noqa: PLC0415
+
+    period = mod // math.gcd(m, mod)
+    one = sum((i * m) % mod for i in range(period))
+    full, rest = divmod(n, period)
+    return full * one + sum((i * m) % mod for i in range(rest))
+
+
+def affine_sum(n: int, m: int, ops) -> int:
+    """sum over i < n of f((i * m) % 1000), f applying v -> v * a + b for each (a, b) of ops in turn."""
+    a_all, b_all = 1, 0
+    for a, b in ops:
+        a_all, b_all = a_all * a, b_all * a + b
+    return a_all * periodic_sum(n, m) + b_all * n
 
 
 # ---- comparison of outputs between runs (used by run_all and tested by selftest) ----
