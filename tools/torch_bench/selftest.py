@@ -43,7 +43,7 @@ def test_parse():
             compile(f.read_text(), str(f), "exec")
         except SyntaxError as e:
             expect(False, f"{f.name} does not parse: {e}")
-    for name in ("workload.py", "cupy_workload.py", "run_all.py", "bench_common.py"):
+    for name in ("workload.py", "cupy_workload.py", "run_all.py", "bench_common.py", "README.md"):
         expect((HERE / name).is_file(), f"{name} exists")
 
 
