@@ -189,6 +189,7 @@ def strip_outputs(r: Dict[str, Any]) -> Dict[str, Any]:
 def child_env(allocator: str, lib: Optional[str]) -> Dict[str, str]:
     env = dict(os.environ)
     env.pop("PYTORCH_CUDA_ALLOC_CONF", None)
+    env.pop("PYTORCH_ALLOC_CONF", None)  # the newer name PyTorch reads too
     if allocator == "expandable":
         env["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"
     if allocator == "devrt" and lib:

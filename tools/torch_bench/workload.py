@@ -92,6 +92,9 @@ torch = None  # imported in main(), after the allocator environment is set
 def import_torch(allocator: str, lib_path: str | None):
     """Imports torch with the allocator in place; devrt is installed before anything touches CUDA."""
     global torch
+    if os.environ.get("PYTORCH_ALLOC_CONF"):
+        common.fail(f"PYTORCH_ALLOC_CONF={os.environ['PYTORCH_ALLOC_CONF']!r} is set; unset it (run_all.py does): "
+                    "this script sets PYTORCH_CUDA_ALLOC_CONF itself for allocator 'expandable'")
     conf = os.environ.get("PYTORCH_CUDA_ALLOC_CONF")
     if allocator == "expandable":
         if conf is None:
