@@ -474,7 +474,12 @@ void arena_pool::untag(pool_context& ctx, std::uint32_t slot) {
 
 bool arena_pool::harvest(pool_context& ctx, bool poll) {
   if (tagged_ == 0 || ctx.order == nullptr) return false;
-  if (poll) ctx.order->poll();
+  if (poll) {
+    // Memory is wanted now: the streams' fences are checked, and recorded at the end of the batch
+    // for what is not fenced yet.
+    ctx.order->poll();
+    ctx.order->want_fences();
+  }
   bool changed = false;
   for (std::size_t i = 0; i < tags_.size(); ++i) {
     const queue_id tag = tags_[i].tag;

@@ -77,12 +77,14 @@ result<void> stream_order::retire(queue_id q) {
 void stream_order::freed_on(queue_id q) {
   stream_state& s = state_of(q);
   s.unfenced_epoch = epoch_;
+  ++s.unfenced;
   unfenced_ = true;
 }
 
 void stream_order::hold(detail::descriptor* d, const stream_set& streams) {
   const std::uint64_t bytes = d->bytes.load(std::memory_order_relaxed);
   for (const queue_id q : streams) freed_on(q);
+  urgent_ = true;  // held memory comes back only through fences
   if (streams.size() == 1) {
     state_of(streams.front()).held.push_back(held_entry{d, epoch_, bytes});
   } else {
@@ -97,12 +99,14 @@ result<void> stream_order::fence_one(stream_state& s) {
     // Retired: its owner has promised that the stream's work on devrt memory is done.
     s.done = std::max(s.done, s.unfenced_epoch);
     s.unfenced_epoch = 0;
+    s.unfenced = 0;
     return {};
   }
   auto t = store_.mark(s.q);
   if (!t) return std::move(t).err();
   s.fences.push_back(fence_entry{*t, s.unfenced_epoch});
   s.unfenced_epoch = 0;
+  s.unfenced = 0;
   ++pending_fences_;
   ++fences_;
   return {};
@@ -114,12 +118,18 @@ result<void> stream_order::fence() {
   bool left = false;
   for (auto& s : streams_) {
     if (s.unfenced_epoch == 0) continue;
+    // One fence in flight per stream: the frees since then wait for it to pass (or for a need).
+    if (!urgent_ && (!s.fences.empty() || s.unfenced < fence_after)) {
+      left = true;
+      continue;
+    }
     if (auto r = fence_one(s); !r) {
       left = true;
       if (out) out = std::move(r);
     }
   }
   unfenced_ = left;
+  urgent_ = false;
   ++epoch_;
   return out;
 }
@@ -158,6 +168,7 @@ bool stream_order::wait_all() {
     if (s.unfenced_epoch != 0) {
       s.done = std::max(s.done, s.unfenced_epoch);
       s.unfenced_epoch = 0;
+      s.unfenced = 0;
     }
   }
   unfenced_ = false;

@@ -39,6 +39,11 @@ struct fixture {
   std::uint64_t offset(const memory_handle& h) { return m->get_storage(h).value().offset; }
   memory_handle reserve(std::uint64_t size, queue_id q) { return m->reserve(size, q).value(); }
   void end_batch() { ASSERT_TRUE(m->end_batch()); }
+  /// A batch end that fences every stream freed on (as when memory is wanted).
+  void fenced_batch() {
+    m->want_fences();
+    end_batch();
+  }
 };
 
 }  // namespace
@@ -70,7 +75,7 @@ TEST(StreamOrder, TheSameStreamReusesAtOnceAnotherWaitsForTheFence) {
   EXPECT_EQ(f.offset(a1), at);
   a1.reset();
   b1.reset();
-  f.end_batch();  // fences A and B
+  f.end_batch();  // B needed new memory while A's was tagged: A and B are fenced now
   EXPECT_EQ(f.m->order().fences(), 2u);
   auto b2 = f.reserve(mib, stream_b);
   EXPECT_NE(f.offset(b2), at) << "the fence on A has not passed";
@@ -79,6 +84,25 @@ TEST(StreamOrder, TheSameStreamReusesAtOnceAnotherWaitsForTheFence) {
   f.end_batch();  // polls: A's fence passed
   auto c = f.reserve(mib, stream_c);
   EXPECT_EQ(f.offset(c), at) << "after A's fence, the memory is free for every stream";
+  EXPECT_EQ(f.m->check_invariants(), "");
+}
+
+TEST(StreamOrder, AStreamThatReusesItsOwnMemoryCostsNoFence) {
+  fixture f;
+  auto keep_b = f.reserve(4096, stream_b);
+  auto h = f.reserve(mib, stream_a);
+  for (int i = 0; i < 40; ++i) {
+    h.reset();
+    f.end_batch();
+    h = f.reserve(mib, stream_a);  // its own tagged memory: no fence needed
+  }
+  EXPECT_EQ(f.m->order().fences(), 0u);
+  for (std::uint32_t i = 0; i < stream_order::fence_after; ++i) {
+    h.reset();
+    h = f.reserve(mib, stream_a);
+  }
+  f.end_batch();  // enough frees unfenced: one fence, so other streams may get the memory later
+  EXPECT_EQ(f.m->order().fences(), 1u);
   EXPECT_EQ(f.m->check_invariants(), "");
 }
 
@@ -103,7 +127,7 @@ TEST(StreamOrder, RecordStreamHoldsTheMemoryUntilEveryStreamsFence) {
   const std::uint64_t at = f.offset(h);
   ASSERT_TRUE(f.m->record_stream(h.binding(), stream_b));
   h.reset();
-  f.end_batch();
+  f.end_batch();  // held memory is always fenced
   auto a1 = f.reserve(mib, stream_a);
   EXPECT_NE(f.offset(a1), at) << "B may still use it: not even A may take it";
   a1.reset();
@@ -145,6 +169,7 @@ TEST(StreamOrder, ThePerThreadStreamNeverReusesInOrder) {
   auto p = f.reserve(mib, queue::per_thread);
   EXPECT_NE(f.offset(p), at);
   p.reset();
+  f.end_batch();
   f.sim->progress();
   f.end_batch();
   EXPECT_EQ(f.offset(f.reserve(mib, queue::per_thread)), at);
@@ -187,7 +212,7 @@ TEST(StreamOrder, ANewMappingHarvestsPassedFencesFirst) {
   auto keep = f.reserve(4096, stream_b);
   auto h = f.reserve(8 * mib, stream_a);
   h.reset();
-  f.end_batch();
+  f.fenced_batch();
   f.sim->progress_queue(stream_a);  // passed, but nobody has looked yet
   const auto maps = f.m->statistics().maps;
   auto b = f.reserve(8 * mib, stream_b);
@@ -244,7 +269,8 @@ TEST(StreamOrder, RandomizedNeverHandsOutMemoryAStreamMayStillUse) {
     // behind the old, which this model does not follow).
     std::vector<memory_handle> anchors;
     for (const queue_id q : streams) anchors.push_back(f.reserve(512, q));
-    auto overlaps = [](const storage_handle& a, std::uint64_t extent_a, const storage_handle& b, std::uint64_t extent_b) {
+    auto overlaps = [](const storage_handle& a, std::uint64_t extent_a, const storage_handle& b,
+                       std::uint64_t extent_b) {
       return a.id == b.id && a.offset < b.offset + extent_b && b.offset < a.offset + extent_a;
     };
     for (int step = 0; step < 20000; ++step) {
@@ -256,7 +282,8 @@ TEST(StreamOrder, RandomizedNeverHandsOutMemoryAStreamMayStillUse) {
         ASSERT_TRUE(r) << r.err().message();
         const storage_handle at = f.m->get_storage(*r).value();
         for (const auto& fr : frees) {
-          if (!overlaps(at, std::max<std::uint64_t>(at.size, 1), fr.at, std::max<std::uint64_t>(fr.at.size, 1))) continue;
+          if (!overlaps(at, std::max<std::uint64_t>(at.size, 1), fr.at, std::max<std::uint64_t>(fr.at.size, 1)))
+            continue;
           for (const queue_id u : fr.users) {
             if (u == q && fr.users.size() == 1) continue;  // its own stream: in order
             ASSERT_GT(f.sim->passed_on(u), fr.issued_at)
@@ -277,8 +304,10 @@ TEST(StreamOrder, RandomizedNeverHandsOutMemoryAStreamMayStillUse) {
         const queue_id u = streams[rng() % 4];
         ASSERT_TRUE(f.m->record_stream(lives[i].h.binding(), u));
         if (u != lives[i].q) lives[i].more.push_back(u);
-      } else if (op < 97) {
+      } else if (op < 95) {
         f.end_batch();
+      } else if (op < 97) {
+        f.fenced_batch();
       } else {
         f.sim->progress_queue(streams[rng() % 4]);
       }
@@ -289,7 +318,7 @@ TEST(StreamOrder, RandomizedNeverHandsOutMemoryAStreamMayStillUse) {
     }
     lives.clear();
     anchors.clear();
-    f.end_batch();  // fences the last frees
+    f.fenced_batch();  // fences the last frees
     f.sim->progress();
     f.end_batch();
     EXPECT_EQ(f.m->check_invariants(), "");

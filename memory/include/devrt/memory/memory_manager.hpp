@@ -88,6 +88,9 @@ class memory_manager {
   /// End of a batch of requests: processes frees, fences the streams freed on, frees what the
   /// device has passed, and pushes queued deallocations to the device. Never waits for the device.
   result<void> end_batch();
+  /// Makes the next `end_batch` fence every stream with unfenced frees (by default a stream is
+  /// fenced only every `stream_order::fence_after` frees, or when memory is wanted).
+  void want_fences() noexcept { order_.want_fences(); }
   [[nodiscard]] const stream_order& order() const noexcept { return order_; }
 
   /// Gives the memory of `reserved` to `assigned` (a fresh identity from `memory_handle::make()`);

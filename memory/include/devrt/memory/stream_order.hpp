@@ -36,8 +36,8 @@
 
 #include <array>
 #include <cstdint>
-#include <initializer_list>
 #include <deque>
+#include <initializer_list>
 #include <vector>
 
 #include "devrt/memory/handle.hpp"
@@ -101,9 +101,18 @@ class stream_order {
   [[nodiscard]] bool holding() const noexcept { return held_count_ > 0; }
   [[nodiscard]] std::uint64_t held_bytes() const noexcept { return held_bytes_; }
 
-  /// End of a batch: records one fence on every stream freed on in this epoch, and opens the
-  /// next epoch. Errors: device_error (the frees stay unfenced and are retried at the next batch).
+  /// End of a batch: records a fence on the streams freed on, and opens the next epoch. A stream
+  /// has at most one fence in flight, and gets a new one only once `fence_after` frees are
+  /// unfenced on it, or when memory is wanted (`want_fences`), or when slices are held: so a
+  /// stream that reuses its own memory costs no event at all, and a busy one about one event per
+  /// pass of the device. Errors: device_error (the frees stay unfenced and are retried at the
+  /// next batch).
   result<void> fence();
+  /// Memory is wanted by another stream (or held): the next `fence` fences every stream with
+  /// unfenced frees.
+  void want_fences() noexcept { urgent_ = true; }
+  /// Frees unfenced on a stream before it gets a fence without being asked.
+  static constexpr std::uint32_t fence_after = 64;
   /// Queries the oldest fences of every stream without blocking; true when some stream's done
   /// epoch advanced.
   bool poll();
@@ -186,6 +195,7 @@ class stream_order {
     bool active = true;                // in use (not retired): fences may be recorded on it
     std::uint64_t done = 0;            // newest epoch whose fence passed
     std::uint64_t unfenced_epoch = 0;  // epoch of frees not fenced yet (0: none)
+    std::uint32_t unfenced = 0;        // frees not fenced yet
     std::deque<fence_entry> fences;
     std::deque<held_entry> held;
   };
@@ -199,6 +209,7 @@ class stream_order {
   bool ordered_;
   bool several_ = false;
   bool unfenced_ = false;
+  bool urgent_ = false;
   std::uint64_t epoch_ = 1;
   std::vector<stream_state> streams_;
   std::vector<multi_entry> multi_;
