@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 #include <algorithm>
+#include <bit>
 
 #include "devrt/memory/stream_order.hpp"
 
@@ -13,9 +14,10 @@ arena_pool::arena_pool(const pool_options& opts, std::uint64_t alignment, std::u
   space_ = std::max(align_up(opts.max_pool_size.value_or(granule_), granule_), granule_);
   max_alloc_ = std::min(opts.max_alloc_size == 0 ? no_size_limit : opts.max_alloc_size, space_);
   chunk_ = std::max<std::uint64_t>(opts.chunk.value_or(granule_) / granule_, 1);
+  if (std::has_single_bit(granule_)) granule_shift_ = static_cast<unsigned>(std::countr_zero(granule_));
 }
 
-arena_pool::~arena_pool() { tree_.clear(); }
+arena_pool::~arena_pool() = default;
 
 std::uint32_t arena_pool::new_slot() {
   const std::uint32_t slot = slots_.acquire();
@@ -34,14 +36,41 @@ result<void> arena_pool::reserve_range(pool_context& ctx) {
   auto r = ctx.store.reserve_range(space_, granule_);
   if (!r) return std::move(r).err();
   range_ = r->id;
+  base_known_ = false;
   keep_ghosts_ = ctx.store.ordered();
   // Granule states grow with the highest address used (see alloc), not with the whole range.
   granules_.clear();
   const std::uint32_t slot = new_slot();
   slots_[slot].offset = 0;
   slots_[slot].extent = space_;
-  tree_.insert(slots_[slot]);
+  index_insert(slot);
   return {};
+}
+
+void arena_pool::index_insert(std::uint32_t slot) {
+  slice_node& s = slots_[slot];
+  s.indexed = true;
+  if (s.tag == queue::none) {
+    untagged_.insert(slots_, slot);
+  } else {
+    list_of(s.tag).free.insert(slots_, slot);
+  }
+}
+
+void arena_pool::index_erase(std::uint32_t slot) {
+  slice_node& s = slots_[slot];
+  s.indexed = false;
+  if (s.tag == queue::none) {
+    untagged_.erase(slots_, slot);
+  } else {
+    list_of(s.tag).free.erase(slots_, slot);
+  }
+}
+
+std::size_t arena_pool::indexed_count() const noexcept {
+  std::size_t n = untagged_.size();
+  for (const auto& l : tags_) n += l.free.size();
+  return n;
 }
 
 void arena_pool::push_free(std::uint32_t m) {
@@ -137,7 +166,7 @@ result<void> arena_pool::map_granules(pool_context& ctx, std::uint64_t first, st
                                       std::uint64_t slice_end, std::uint64_t size) {
   // The last granule gets a mapping of its own when the slice ends inside it: a neighbour placed
   // after the slice may share it, and must not keep the slice's other granules mapped.
-  const bool shared_tail = slice_end % granule_ != 0;
+  const bool shared_tail = (granule_shift_ != 0 ? slice_end & (granule_ - 1) : slice_end % granule_) != 0;
   ++map_calls_;
   std::uint64_t g = first;
   while (g <= last) {
@@ -186,14 +215,14 @@ result<void> arena_pool::map_granules(pool_context& ctx, std::uint64_t first, st
   return {};
 }
 
-arena_pool::slice_node* arena_pool::best_fit(std::uint64_t extent, queue_id tag) {
-  slice_node* best = nullptr;
+std::uint32_t arena_pool::best_fit(std::uint64_t extent, queue_id tag) {
+  std::uint32_t best = npos;
   if (tag != queue::none && tagged_ > 0) {
-    auto it = tree_.lower_bound(extent_key{tag, extent}, key_fit{});
-    if (it != tree_.end() && it->tag == tag) best = &*it;
+    if (const tag_list* l = find_list(tag)) best = l->free.best_fit(slots_, extent);
   }
-  auto it = tree_.lower_bound(extent_key{queue::none, extent}, key_fit{});
-  if (it != tree_.end() && it->tag == queue::none && (best == nullptr || it->extent < best->extent)) best = &*it;
+  const std::uint32_t any = untagged_.best_fit(slots_, extent);
+  // A stream's own slice wins a tie: memory other streams may not take stays in use.
+  if (any != npos && (best == npos || slots_[any].extent < slots_[best].extent)) best = any;
   return best;
 }
 
@@ -203,8 +232,8 @@ result<detail::descriptor*> arena_pool::alloc(pool_context& ctx, std::uint64_t s
   }
   const std::uint64_t extent = slice_extent(size, alignment_);
   for (bool harvested = false;; harvested = true) {
-    slice_node* found = best_fit(extent, ctx.reserve_queue);
-    if (found == nullptr) {
+    const std::uint32_t found = best_fit(extent, ctx.reserve_queue);
+    if (found == npos) {
       // Tagged memory of other streams may be free for all by now.
       if (!harvested && tagged_ > 0 && harvest(ctx, true)) continue;
       error e = error::make(errc::pool_capacity_exceeded, "no hole in the arena's address range is large enough");
@@ -213,14 +242,13 @@ result<detail::descriptor*> arena_pool::alloc(pool_context& ctx, std::uint64_t s
       e.in_use = usage_.bytes_in_use;
       return e;
     }
-    slice_node& s = *found;
+    const slice_node& s = slots_[found];
     if (s.tag != queue::none) {
       // Freed on this very stream: stream order makes it safe at once, and its memory is mapped.
-      slice_node& live = take(ctx, s, extent, size);
-      return live.desc;
+      return take(ctx, found, extent, size);
     }
-    const std::uint64_t first = s.offset / granule_;
-    const std::uint64_t last = (s.offset + extent - 1) / granule_;
+    const std::uint64_t first = granule_of(s.offset);
+    const std::uint64_t last = granule_of(s.offset + extent - 1);
     if (last >= granules_.size()) {
       // Past the highest address used so far: grow the granule states (amortized, at most once per
       // doubling; the steady state allocates nothing).
@@ -270,18 +298,18 @@ result<detail::descriptor*> arena_pool::alloc(pool_context& ctx, std::uint64_t s
         return std::move(r).err();
       }
     }
-    return take(ctx, s, extent, size).desc;
+    return take(ctx, found, extent, size);
   }
 }
 
-arena_pool::slice_node& arena_pool::take(pool_context& ctx, slice_node& s, std::uint64_t extent, std::uint64_t size) {
-  const bool tagged = s.tag != queue::none;
-  if (tagged) unuse_mappings(s);  // counted again below, as the live slice and the remainder
-  tree_.erase(tree_.iterator_to(s));
-  const std::uint32_t self = s.self;
+detail::descriptor* arena_pool::take(pool_context& ctx, std::uint32_t self, std::uint64_t extent,
+                                     std::uint64_t size) {
+  const bool tagged = slots_[self].tag != queue::none;
+  if (tagged) unuse_mappings(slots_[self]);  // counted again below, as the live slice and the remainder
+  index_erase(self);
   std::uint32_t rest_slot = npos;
-  if (s.extent > extent) {
-    rest_slot = new_slot();  // may grow the deque: references stay valid
+  if (slots_[self].extent > extent) {
+    rest_slot = new_slot();  // may grow the table: references are taken after it
     slice_node& cur = slots_[self];
     slice_node& rest = slots_[rest_slot];
     rest.offset = cur.offset + extent;
@@ -295,7 +323,7 @@ arena_pool::slice_node& arena_pool::take(pool_context& ctx, slice_node& s, std::
     cur.extent = extent;
     // The remainder keeps the slice's place on its tag list: the list stays in epoch order.
     if (tagged) tag_insert_after(self, rest_slot);
-    tree_.insert(rest);
+    index_insert(rest_slot);
   }
   slice_node& live = slots_[self];
   if (tagged) {
@@ -315,12 +343,12 @@ arena_pool::slice_node& arena_pool::take(pool_context& ctx, slice_node& s, std::
   usage_.bytes_in_use += size;
   usage_.bytes_padding += live.extent - size;
   ctx.add_in_use(size);
-  return live;
+  return live.desc;
 }
 
 void arena_pool::use_mappings(const slice_node& s) {
-  const std::uint64_t first = s.offset / granule_;
-  const std::uint64_t last = (s.offset + s.extent - 1) / granule_;
+  const std::uint64_t first = granule_of(s.offset);
+  const std::uint64_t last = granule_of(s.offset + s.extent - 1);
   for (std::uint64_t g = first; g <= last;) {
     mapping_state& m = mappings_[granules_[g].mapping];
     if (m.listed) unlink_free(granules_[g].mapping);
@@ -330,13 +358,20 @@ void arena_pool::use_mappings(const slice_node& s) {
 }
 
 void arena_pool::unuse_mappings(const slice_node& s) {
-  const std::uint64_t first = s.offset / granule_;
-  const std::uint64_t last = (s.offset + s.extent - 1) / granule_;
+  const std::uint64_t first = granule_of(s.offset);
+  const std::uint64_t last = granule_of(s.offset + s.extent - 1);
   for (std::uint64_t g = first; g <= last;) {
     const std::uint32_t m = granules_[g].mapping;
     if (--mappings_[m].used == 0) push_free(m);
     g = mappings_[m].first + mappings_[m].count;
   }
+}
+
+arena_pool::tag_list* arena_pool::find_list(queue_id tag) noexcept {
+  for (auto& l : tags_) {
+    if (l.tag == tag) return &l;
+  }
+  return nullptr;
 }
 
 arena_pool::tag_list& arena_pool::list_of(queue_id tag) {
@@ -349,7 +384,7 @@ arena_pool::tag_list& arena_pool::list_of(queue_id tag) {
       return l;
     }
   }
-  tags_.push_back(tag_list{tag, npos, npos});
+  tags_.push_back(tag_list{tag, npos, npos, {}});
   return tags_.back();
 }
 
@@ -402,7 +437,7 @@ std::uint32_t arena_pool::merge_free(std::uint32_t slot) {
   slice_node* s = &slots_[slot];
   const queue_id tag = s->tag;
   auto absorb = [&](slice_node& n) {
-    tree_.erase(tree_.iterator_to(n));
+    index_erase(n.self);
     if (tag != queue::none) {
       tag_unlink(n.self);
       --tagged_;
@@ -455,20 +490,20 @@ void arena_pool::release(pool_context& ctx, const location& loc, queue_id tag, s
     use_mappings(slots_[slot]);
     tag_append(slot);
   }
-  tree_.insert(slots_[slot]);
+  index_insert(slot);
   if (opts_.slack && tag == queue::none) trim(ctx, *opts_.slack);
 }
 
 void arena_pool::untag(pool_context& ctx, std::uint32_t slot) {
   slice_node& s = slots_[slot];
+  index_erase(slot);
   tag_unlink(slot);
   --tagged_;
-  tree_.erase(tree_.iterator_to(s));
   unuse_mappings(s);
   s.tag = queue::none;
   s.epoch = 0;
   slot = merge_free(slot);
-  tree_.insert(slots_[slot]);
+  index_insert(slot);
   (void)ctx;
 }
 
@@ -518,7 +553,7 @@ void arena_pool::cleanup(pool_context& ctx, bool explicit_cleanup) {
 }
 
 void arena_pool::release_all(pool_context& ctx) {
-  tree_.clear();
+  untagged_.clear();
   for (auto& s : slots_) {
     if (s.in_use_slot && !s.free && s.desc != nullptr) {
       ctx.sub_in_use(s.size);
@@ -533,6 +568,7 @@ void arena_pool::release_all(pool_context& ctx) {
   }
   if (range_ != 0) ctx.store.release_range(range_);
   range_ = 0;
+  base_known_ = false;
   slots_.clear();
   granules_.clear();
   mappings_.clear();
@@ -546,7 +582,10 @@ void arena_pool::release_all(pool_context& ctx) {
 
 std::string arena_pool::report() const {
   std::uint64_t largest_hole = 0;
-  if (!tree_.empty()) largest_hole = tree_.rbegin()->extent;
+  if (const std::uint32_t l = untagged_.largest(slots_); l != npos) largest_hole = slots_[l].extent;
+  for (const auto& t : tags_) {
+    if (const std::uint32_t l = t.free.largest(slots_); l != npos) largest_hole = std::max(largest_hole, slots_[l].extent);
+  }
   std::string out =
       fmt::format("arena pool {}: granule {}, address space {}, free memory kept {}", index_, format_bytes(granule_),
                   format_bytes(space_),
@@ -555,7 +594,7 @@ std::string arena_pool::report() const {
   out += fmt::format(
       "; {} live slices, {} in use, {} mapped ({} granules in {} mappings, {} granules free), {} holes, largest {}\n",
       usage_.number_allocs, format_bytes(usage_.bytes_in_use), format_bytes(usage_.bytes_reserved), mapped_,
-      mapping_count(), free_mapped_, tree_.size(), format_bytes(largest_hole));
+      mapping_count(), free_mapped_, indexed_count(), format_bytes(largest_hole));
   return out;
 }
 
@@ -599,14 +638,14 @@ std::string arena_pool::check_invariants() const {
       if (prev_free && prev_tag == s.tag) {
         return fmt::format("arena {}: two adjacent free slices of one tag not merged at {}", index_, s.offset);
       }
-      if (s.desc != nullptr || !s.is_linked()) {
-        return fmt::format("arena {}: free slice {} has a descriptor or is missing from the tree", index_, k);
+      if (s.desc != nullptr || !s.indexed) {
+        return fmt::format("arena {}: free slice {} has a descriptor or is missing from the free index", index_, k);
       }
       ++free_count;
       if (s.tag != queue::none) ++tagged_seen;
     } else {
-      if (s.is_linked() || s.desc == nullptr) {
-        return fmt::format("arena {}: live slice {} is in the tree or has no descriptor", index_, k);
+      if (s.indexed || s.desc == nullptr) {
+        return fmt::format("arena {}: live slice {} is in the free index or has no descriptor", index_, k);
       }
       if ((s.desc->state.load(std::memory_order_acquire) & detail::descriptor::attached_bit) == 0 ||
           s.desc->loc != location{index_, 0, k, true}) {
@@ -654,8 +693,31 @@ std::string arena_pool::check_invariants() const {
                        tagged_);
   }
   if (expect != space_) return fmt::format("arena {}: slices cover {} of {} bytes", index_, expect, space_);
-  if (free_count != tree_.size()) {
-    return fmt::format("arena {}: {} free slices but {} in the tree", index_, free_count, tree_.size());
+  if (free_count != indexed_count()) {
+    return fmt::format("arena {}: {} free slices but {} in the free indexes", index_, free_count, indexed_count());
+  }
+  // Every index lists exactly the free slices of its tag, each in the class of its extent.
+  const auto check_index = [&](const size_class_index& ix, queue_id tag) -> std::string {
+    std::size_t seen = 0;
+    for (unsigned c = 0; c < size_class_index::class_count; ++c) {
+      if ((ix.head(c) != npos) != ix.marked(c)) return fmt::format("arena {}: size class {} is marked wrongly", index_, c);
+      std::uint32_t before = npos;
+      for (std::uint32_t t = ix.head(c); t != npos; t = slots_[t].bin_next) {
+        const slice_node& s = slots_[t];
+        if (!s.in_use_slot || !s.free || !s.indexed || s.tag != tag || s.bin_prev != before ||
+            size_class_index::class_of(s.extent) != c) {
+          return fmt::format("arena {}: the free index of stream {:#x} is broken at slot {}", index_, tag, t);
+        }
+        before = t;
+        if (++seen > slots_.size()) return fmt::format("arena {}: a free index has a cycle", index_);
+      }
+    }
+    if (seen != ix.size()) return fmt::format("arena {}: a free index counts {} slices, not {}", index_, ix.size(), seen);
+    return {};
+  };
+  if (auto p = check_index(untagged_, queue::none); !p.empty()) return p;
+  for (const auto& l : tags_) {
+    if (auto p = check_index(l.free, l.tag); !p.empty()) return p;
   }
   for (std::uint64_t g = 0; g < granules_.size(); ++g) {
     const granule_state& gs = granules_[g];

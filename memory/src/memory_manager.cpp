@@ -94,7 +94,16 @@ void memory_manager::release_pools() {
 
 void memory_manager::release_one(detail::descriptor* d) {
   constexpr std::uint64_t queue_ref = detail::descriptor::queued_bit | detail::descriptor::one_ref;
-  const std::uint64_t now = d->state.fetch_sub(queue_ref, std::memory_order_acq_rel) - queue_ref;
+  constexpr std::uint64_t queue_and_slice = detail::descriptor::attached_bit | queue_ref | detail::descriptor::one_ref;
+  std::uint64_t now = d->state.load(std::memory_order_acquire);
+  if (now == queue_and_slice) {
+    // Only the queue's reference and the slice's are left: no other thread holds the descriptor,
+    // so none can change its state, and a plain store drops the queue's reference.
+    now -= queue_ref;
+    d->state.store(now, std::memory_order_relaxed);
+  } else {
+    now = d->state.fetch_sub(queue_ref, std::memory_order_acq_rel) - queue_ref;
+  }
   if ((now & detail::descriptor::attached_bit) == 0) {
     // Detached while queued (bind replaced it, or its pool was released): drop the queue's
     // reference only.
@@ -163,8 +172,22 @@ void memory_manager::harvest() {
 void memory_manager::publish(detail::descriptor* d, std::uint64_t size, queue_id q) {
   d->stream = q;
   void* ptr = nullptr;
+  arena_pool* arena = nullptr;
+  if (d->loc.pool != location::persistent_pool) {
+    if (auto* a = std::get_if<std::unique_ptr<arena_pool>>(&pools_[d->loc.pool])) {
+      arena = a->get();
+      // An arena's addresses are its range's base plus the offset: no lookup in the storage.
+      if (arena->address_of(d->loc.slice, ptr)) {
+        d->place(ptr, size);
+        return;
+      }
+    }
+  }
   if (auto v = find(d)) {
-    if (auto r = store_.get(v->storage)) ptr = r->ptr;
+    if (auto r = store_.get(v->storage)) {
+      ptr = r->ptr;
+      if (arena != nullptr) arena->learn_base(d->loc.slice, ptr);
+    }
   }
   d->place(ptr, size);
 }
@@ -199,6 +222,7 @@ result<void> memory_manager::end_batch() {
 }
 
 void memory_manager::process_releases() {
+  if (queue_.empty()) return;  // a plain load: no exchange when nothing was dropped
   detail::descriptor* d = queue_.take_all();
   while (d != nullptr) {
     detail::descriptor* next = d->next_released;

@@ -24,14 +24,15 @@
 // into slices free for all (merging them with their neighbours); a reserve that would map new
 // memory harvests first.
 //
-// Costs: best fit through an intrusive tree (O(log free slices)); per reserve and free, constant
-// work per mapping the slice overlaps (one or two for most slices); granule by granule only where
-// memory is mapped or unmapped, next to a driver call. No scan of the slices, granules or mappings.
+// Costs: best fit through size classes with bitmaps (size_class_index.hpp: constant time, exact
+// best fit while a class holds at most 16 free slices), one index for the free slices and one per
+// stream for its tagged ones; per reserve and free, constant work per mapping the slice overlaps
+// (one or two for most slices); granule by granule only where memory is mapped or unmapped, next
+// to a driver call. No scan of the slices, granules or mappings.
 //
 // Owner: the memory manager; every call comes from its owner thread.
 #pragma once
 
-#include <boost/intrusive/set.hpp>
 #include <cstdint>
 #include <deque>
 #include <string>
@@ -39,6 +40,7 @@
 
 #include "devrt/memory/config.hpp"
 #include "devrt/memory/pool_context.hpp"
+#include "devrt/memory/size_class_index.hpp"
 #include "devrt/memory/slot_table.hpp"
 
 namespace devrt::memory {
@@ -68,6 +70,19 @@ class arena_pool {
   /// Free slices kept for one stream.
   [[nodiscard]] std::size_t tagged_slices() const noexcept { return tagged_; }
   [[nodiscard]] result<slice_view> find(const detail::descriptor* d) const;
+  /// The address of the live slice at `slot` without asking the storage, once `learn_base` has
+  /// seen one resolved address of the range (a range's addresses are contiguous); false before.
+  [[nodiscard]] bool address_of(std::uint32_t slot, void*& ptr) const noexcept {
+    if (!base_known_) return false;
+    ptr = base_ == 0 ? nullptr : reinterpret_cast<void*>(base_ + slots_[slot].offset);  // NOLINT
+    return true;
+  }
+  /// Remembers the range's base from the address the storage resolved for the slice at `slot`
+  /// (nullptr on devices without memory, such as the simulated one: every address is then null).
+  void learn_base(std::uint32_t slot, void* ptr) noexcept {
+    base_ = ptr == nullptr ? 0 : reinterpret_cast<std::uintptr_t>(ptr) - slots_[slot].offset;  // NOLINT
+    base_known_ = true;
+  }
   result<void> bind(pool_context& ctx, detail::descriptor* reserved, detail::descriptor* assigned,
                     std::uint64_t cursor);
   /// Nothing periodic: granules are released as they become free.
@@ -92,11 +107,11 @@ class arena_pool {
 
  private:
   static constexpr std::uint32_t npos = 0xffffffffU;
-  using tree_hook = boost::intrusive::set_base_hook<boost::intrusive::optimize_size<true>>;
-  // A slice of the range. Free slices are in the tree and have no descriptor.
-  // Invariants: a free slice with a tag is on its stream's tag list (in epoch order) and counts on
-  // its mappings like a live slice; adjacent free slices always differ in tag.
-  struct slice_node : tree_hook {
+  // A slice of the range. Free slices are in a free index (`untagged_`, or their stream's) and
+  // have no descriptor.
+  // Invariants: a free slice with a tag is on its stream's tag list (in epoch order) and in its
+  // index, and counts on its mappings like a live slice; adjacent free slices always differ in tag.
+  struct slice_node {
     std::uint64_t offset = 0;
     std::uint64_t extent = 0;
     std::uint64_t size = 0;
@@ -109,36 +124,19 @@ class arena_pool {
     std::uint32_t next = npos;
     std::uint32_t tag_prev = npos;  // neighbours on the tag list
     std::uint32_t tag_next = npos;
+    std::uint32_t bin_prev = npos;  // neighbours in the free index's size class
+    std::uint32_t bin_next = npos;
     bool free = true;
+    bool indexed = false;  // in a free index
     bool in_use_slot = false;
   };
-  // Free slices ordered by tag (untagged first), then best fit.
-  struct by_fit {
-    bool operator()(const slice_node& a, const slice_node& b) const noexcept {
-      if (a.tag != b.tag) return a.tag < b.tag;
-      if (a.extent != b.extent) return a.extent < b.extent;
-      return a.offset < b.offset;
-    }
-  };
-  struct extent_key {
-    queue_id tag;
-    std::uint64_t extent;
-  };
-  struct key_fit {
-    bool operator()(const slice_node& a, const extent_key& k) const noexcept {
-      return a.tag != k.tag ? a.tag < k.tag : a.extent < k.extent;
-    }
-    bool operator()(const extent_key& k, const slice_node& a) const noexcept {
-      return k.tag != a.tag ? k.tag < a.tag : k.extent < a.extent;
-    }
-  };
-  // The tagged free slices of one stream, oldest epoch first.
+  // The tagged free slices of one stream: oldest epoch first on the list, by size in the index.
   struct tag_list {
     queue_id tag = queue::none;
     std::uint32_t head = npos;
     std::uint32_t tail = npos;
+    size_class_index free;
   };
-  using free_tree = boost::intrusive::multiset<slice_node, boost::intrusive::compare<by_fit>>;
   // A granule: the mapping that holds its memory.
   struct granule_state {
     std::uint32_t mapping = npos;
@@ -161,16 +159,26 @@ class arena_pool {
   };
 
   result<void> reserve_range(pool_context& ctx);
-  /// The best fitting free slice for a reserve on `tag` (its own tagged slices or untagged ones).
-  slice_node* best_fit(std::uint64_t extent, queue_id tag);
-  /// Takes `extent` bytes of the free slice `s` (tagged or not) for a new live slice.
-  slice_node& take(pool_context& ctx, slice_node& s, std::uint64_t extent, std::uint64_t size);
+  /// The best fitting free slice for a reserve on `tag` (its own tagged slices or untagged ones),
+  /// or npos.
+  std::uint32_t best_fit(std::uint64_t extent, queue_id tag);
+  /// Takes `extent` bytes of the free slice `slot` (tagged or not) for a new live slice; returns
+  /// its descriptor.
+  detail::descriptor* take(pool_context& ctx, std::uint32_t slot, std::uint64_t extent, std::uint64_t size);
+  /// Puts a free slice into (takes it out of) the index of its tag.
+  void index_insert(std::uint32_t slot);
+  void index_erase(std::uint32_t slot);
+  [[nodiscard]] std::size_t indexed_count() const noexcept;
+  [[nodiscard]] std::uint64_t granule_of(std::uint64_t offset) const noexcept {
+    return granule_shift_ != 0 ? offset >> granule_shift_ : offset / granule_;
+  }
   /// Merges free slot `slot` with its free neighbours of the same tag (out of the tree and the tag
   /// lists, mappings no longer counted for tagged ones); returns the surviving slot.
   std::uint32_t merge_free(std::uint32_t slot);
   /// Frees the tagged slice `slot` for every stream.
   void untag(pool_context& ctx, std::uint32_t slot);
   tag_list& list_of(queue_id tag);
+  tag_list* find_list(queue_id tag) noexcept;
   void tag_append(std::uint32_t slot);
   void tag_insert_after(std::uint32_t at, std::uint32_t slot);
   void tag_unlink(std::uint32_t slot);
@@ -206,8 +214,11 @@ class arena_pool {
   std::uint64_t chunk_;  // granules: mappings end at multiples of it
   std::uint8_t index_;
   storage_id range_ = 0;
-  slot_table<slice_node> slots_;
-  free_tree tree_;
+  std::uintptr_t base_ = 0;  // the range's first address (0: the device gives none)
+  bool base_known_ = false;
+  unsigned granule_shift_ = 0;  // log2 of the granule when it is a power of two (0: divide)
+  slot_table<slice_node, std::vector<slice_node>> slots_;  // nothing holds a node across an acquire
+  size_class_index untagged_;  // the free slices free for every stream
   std::vector<granule_state> granules_;
   slot_table<mapping_state, std::vector<mapping_state>> mappings_;  // indexed on every reserve
   std::uint32_t oldest_free_ = npos;

@@ -45,6 +45,11 @@ struct pool_context {
   }
   /// Detaches a descriptor from its slice; recycles it when nothing else refers to it.
   void detach(detail::descriptor* d) {
+    if (d->state.load(std::memory_order_acquire) == (detail::descriptor::attached_bit | detail::descriptor::one_ref)) {
+      // Only the slice's reference is left: nothing else can reach the descriptor.
+      detail::descriptor::destroy(d);
+      return;
+    }
     const std::uint64_t old =
         d->state.fetch_sub(detail::descriptor::attached_bit | detail::descriptor::one_ref, std::memory_order_acq_rel);
     if (detail::descriptor::total(old) == 1) detail::descriptor::destroy(d);
