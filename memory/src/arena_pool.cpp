@@ -15,6 +15,7 @@ arena_pool::arena_pool(const pool_options& opts, std::uint64_t alignment, std::u
   max_alloc_ = std::min(opts.max_alloc_size == 0 ? no_size_limit : opts.max_alloc_size, space_);
   chunk_ = std::max<std::uint64_t>(opts.chunk.value_or(granule_) / granule_, 1);
   if (std::has_single_bit(granule_)) granule_shift_ = static_cast<unsigned>(std::countr_zero(granule_));
+  if (opts.grow) grow_ = std::max(chunk_, *opts.grow / granule_);
 }
 
 arena_pool::~arena_pool() = default;
@@ -44,6 +45,7 @@ result<void> arena_pool::reserve_range(pool_context& ctx) {
   slots_[slot].offset = 0;
   slots_[slot].extent = space_;
   index_insert(slot);
+  tail_ = slot;
   return {};
 }
 
@@ -143,6 +145,51 @@ void arena_pool::evict(pool_context& ctx, std::uint64_t count) {
   }
 }
 
+void arena_pool::evict_to(pool_context& ctx, std::uint64_t limit) {
+  while (mapped_ > limit && oldest_free_ != npos) {
+    // The largest free mapping (the oldest among equals): the fewest driver calls for the memory.
+    std::uint32_t m = oldest_free_;
+    for (std::uint32_t k = mappings_[m].newer; k != npos; k = mappings_[k].newer) {
+      if (mappings_[k].count > mappings_[m].count) m = k;
+    }
+    unlink_free(m);
+    unmap_mapping(ctx, m);
+  }
+}
+
+std::uint64_t arena_pool::budget_granules(std::uint64_t size, std::uint64_t per_mille) const noexcept {
+  const std::uint64_t live = std::max(peak_live_, usage_.bytes_in_use + size);
+  return (live / 1000 * per_mille + live % 1000 * per_mille / 1000) / granule_;
+}
+
+std::uint64_t arena_pool::grow_unit() const noexcept {
+  std::uint64_t unit = 1;
+  while (2 * unit <= grow_ && 2 * unit * grow_share <= mapped_) unit *= 2;
+  return unit;
+}
+
+void arena_pool::cover_granules(std::uint64_t count) {
+  if (count <= granules_.size()) return;
+  // Past the highest address used so far: grow the granule states (amortized, at most once per
+  // doubling; the steady state allocates nothing).
+  const std::uint64_t total = space_ / granule_;
+  granules_.resize(std::min(total, std::max<std::uint64_t>(count, 2 * granules_.size())));
+}
+
+std::uint64_t arena_pool::count_missing(std::uint64_t first, std::uint64_t last) const noexcept {
+  std::uint64_t missing = 0;
+  for (std::uint64_t g = first; g <= last;) {
+    const std::uint32_t m = granules_[g].mapping;
+    if (m == npos || mappings_[m].ghost) {
+      ++missing;
+      ++g;
+      continue;
+    }
+    g = mappings_[m].first + mappings_[m].count;
+  }
+  return missing;
+}
+
 void arena_pool::trim(pool_context& ctx, std::uint64_t limit) {
   while (oldest_free_ != npos && free_mapped_ * granule_ > limit) {
     const std::uint32_t m = oldest_free_;
@@ -162,11 +209,8 @@ result<void> arena_pool::map_run(pool_context& ctx, std::uint64_t first, std::ui
   return {};
 }
 
-result<void> arena_pool::map_granules(pool_context& ctx, std::uint64_t first, std::uint64_t last,
-                                      std::uint64_t slice_end, std::uint64_t size) {
-  // The last granule gets a mapping of its own when the slice ends inside it: a neighbour placed
-  // after the slice may share it, and must not keep the slice's other granules mapped.
-  const bool shared_tail = (granule_shift_ != 0 ? slice_end & (granule_ - 1) : slice_end % granule_) != 0;
+result<void> arena_pool::map_granules(pool_context& ctx, std::uint64_t first, std::uint64_t last, bool shared_tail,
+                                      std::uint64_t cut, std::uint64_t size) {
   ++map_calls_;
   std::uint64_t g = first;
   while (g <= last) {
@@ -183,11 +227,14 @@ result<void> arena_pool::map_granules(pool_context& ctx, std::uint64_t first, st
       while (end <= last && granules_[end].mapping == npos) ++end;
     }
     if (r && granules_[g].mapping == npos) {
-      const std::uint64_t whole_end = shared_tail && end == last + 1 ? last : end;
+      // With `grow`, a short run keeps its last granule: it pins little memory, and saves a call.
+      const std::uint64_t run_start = std::max(g, last / cut * cut);
+      const bool apart = shared_tail && end == last + 1 && (grow_ == 0 || last - run_start >= short_run);
+      const std::uint64_t whole_end = apart ? last : end;
       // Mappings end at multiples of the chunk, so that a mapping a later slice partly reuses holds
       // at most a chunk of free memory that cannot be unmapped.
       for (std::uint64_t at = g; r && at < whole_end;) {
-        const std::uint64_t stop = std::min(whole_end, (at / chunk_ + 1) * chunk_);
+        const std::uint64_t stop = std::min(whole_end, (at / cut + 1) * cut);
         r = map_run(ctx, at, stop - at);
         at = stop;
       }
@@ -232,7 +279,7 @@ result<detail::descriptor*> arena_pool::alloc(pool_context& ctx, std::uint64_t s
   }
   const std::uint64_t extent = slice_extent(size, alignment_);
   for (bool harvested = false;; harvested = true) {
-    const std::uint32_t found = best_fit(extent, ctx.reserve_queue);
+    std::uint32_t found = best_fit(extent, ctx.reserve_queue);
     if (found == npos) {
       // Tagged memory of other streams may be free for all by now.
       if (!harvested && tagged_ > 0 && harvest(ctx, true)) continue;
@@ -242,29 +289,15 @@ result<detail::descriptor*> arena_pool::alloc(pool_context& ctx, std::uint64_t s
       e.in_use = usage_.bytes_in_use;
       return e;
     }
-    const slice_node& s = slots_[found];
-    if (s.tag != queue::none) {
+    if (slots_[found].tag != queue::none) {
       // Freed on this very stream: stream order makes it safe at once, and its memory is mapped.
       return take(ctx, found, extent, size);
     }
-    const std::uint64_t first = granule_of(s.offset);
-    const std::uint64_t last = granule_of(s.offset + extent - 1);
-    if (last >= granules_.size()) {
-      // Past the highest address used so far: grow the granule states (amortized, at most once per
-      // doubling; the steady state allocates nothing).
-      const std::uint64_t total = space_ / granule_;
-      granules_.resize(std::min(total, std::max<std::uint64_t>(last + 1, 2 * granules_.size())));
-    }
-    std::uint64_t missing = 0;
-    for (std::uint64_t g = first; g <= last;) {
-      const std::uint32_t m = granules_[g].mapping;
-      if (m == npos || mappings_[m].ghost) {
-        ++missing;
-        ++g;
-        continue;
-      }
-      g = mappings_[m].first + mappings_[m].count;
-    }
+    const std::uint64_t first = granule_of(slots_[found].offset);
+    const std::uint64_t last = granule_of(slots_[found].offset + extent - 1);
+    cover_granules(last + 1);
+    const std::uint64_t missing = count_missing(first, last);
+    const slice_node& s = slots_[found];
     // New memory would be mapped: first let memory freed on other streams join the free space if
     // their fences have passed (no wait), and look again.
     if (missing > 0 && !harvested && tagged_ > 0 && harvest(ctx, true)) continue;
@@ -279,11 +312,42 @@ result<detail::descriptor*> arena_pool::alloc(pool_context& ctx, std::uint64_t s
       if (mappings_[m].listed) unlink_free(m);
       g = mappings_[m].first + mappings_[m].count;
     }
-    // Memory to map: first give back as much free memory elsewhere, oldest first, so the memory
-    // held does not grow while free memory sits in holes.
+    // Memory to map: first give back free memory elsewhere so that the memory held does not grow
+    // while free memory sits in holes: as much as is mapped (oldest first), or, with `grow`, what
+    // would pass the budget (largest first).
     if (missing > 0) {
-      evict(ctx, missing);
-      if (auto r = map_granules(ctx, first, last, s.offset + extent, size); !r) {
+      // The last granule gets a mapping of its own when the slice ends inside it: a neighbour
+      // placed after the slice may share it, and must not keep the slice's other granules mapped.
+      const std::uint64_t slice_end = s.offset + extent;
+      bool shared_tail = (granule_shift_ != 0 ? slice_end & (granule_ - 1) : slice_end % granule_) != 0;
+      std::uint64_t map_last = last;
+      std::uint64_t cut = chunk_;
+      if (grow_ == 0) {
+        evict(ctx, missing);
+      } else {
+        const std::uint64_t budget = budget_granules(size, budget_per_mille);
+        evict_to(ctx, budget > missing ? budget - missing : 0);
+        if (found == tail_) {
+          // Where the arena grows, map ahead into its free end, in units that grow with the memory
+          // mapped, over granules never mapped, within a tighter budget: memory mapped ahead that
+          // small long-lived slices pin later cannot be unmapped, so it must not use the headroom
+          // that mappings elsewhere need.
+          const std::uint64_t unit = grow_unit();
+          const std::uint64_t ahead = budget_granules(size, ahead_per_mille);
+          const std::uint64_t room = ahead > mapped_ + missing ? ahead - mapped_ - missing : 0;
+          const std::uint64_t end = std::min({(last / unit + 1) * unit, last + 1 + room,
+                                              granule_of(s.offset + s.extent - 1) + 1, space_ / granule_});
+          cover_granules(end);
+          std::uint64_t e = last + 1;
+          while (e < end && granules_[e].mapping == npos) ++e;
+          if (e > last + 1) {
+            map_last = e - 1;
+            cut = unit;
+            shared_tail = false;
+          }
+        }
+      }
+      if (auto r = map_granules(ctx, first, map_last, shared_tail, cut, size); !r) {
         // The free mappings taken off the list go back on it.
         for (std::uint64_t g = first; g <= last;) {
           const std::uint32_t m = granules_[g].mapping;
@@ -310,6 +374,7 @@ detail::descriptor* arena_pool::take(pool_context& ctx, std::uint32_t self, std:
   std::uint32_t rest_slot = npos;
   if (slots_[self].extent > extent) {
     rest_slot = new_slot();  // may grow the table: references are taken after it
+    if (self == tail_) tail_ = rest_slot;
     slice_node& cur = slots_[self];
     slice_node& rest = slots_[rest_slot];
     rest.offset = cur.offset + extent;
@@ -341,6 +406,7 @@ detail::descriptor* arena_pool::take(pool_context& ctx, std::uint32_t self, std:
   live.desc = ctx.attach_new(loc_of(self));
   usage_.number_allocs += 1;
   usage_.bytes_in_use += size;
+  peak_live_ = std::max(peak_live_, usage_.bytes_in_use);
   usage_.bytes_padding += live.extent - size;
   ctx.add_in_use(size);
   return live.desc;
@@ -447,6 +513,7 @@ std::uint32_t arena_pool::merge_free(std::uint32_t slot) {
   if (s->prev != npos && slots_[s->prev].free && slots_[s->prev].tag == tag) {
     slice_node& p = slots_[s->prev];
     absorb(p);
+    if (slot == tail_) tail_ = p.self;
     p.extent += s->extent;
     p.next = s->next;
     if (s->next != npos) slots_[s->next].prev = p.self;
@@ -457,6 +524,7 @@ std::uint32_t arena_pool::merge_free(std::uint32_t slot) {
   if (s->next != npos && slots_[s->next].free && slots_[s->next].tag == tag) {
     slice_node& n = slots_[s->next];
     absorb(n);
+    if (n.self == tail_) tail_ = slot;
     s->extent += n.extent;
     s->next = n.next;
     if (n.next != npos) slots_[n.next].prev = slot;
@@ -568,6 +636,8 @@ void arena_pool::release_all(pool_context& ctx) {
   }
   if (range_ != 0) ctx.store.release_range(range_);
   range_ = 0;
+  tail_ = npos;
+  peak_live_ = 0;
   base_known_ = false;
   slots_.clear();
   granules_.clear();
@@ -693,6 +763,7 @@ std::string arena_pool::check_invariants() const {
                        tagged_);
   }
   if (expect != space_) return fmt::format("arena {}: slices cover {} of {} bytes", index_, expect, space_);
+  if (prev != tail_) return fmt::format("arena {}: the last slice is {}, not {}", index_, prev, tail_);
   if (free_count != indexed_count()) {
     return fmt::format("arena {}: {} free slices but {} in the free indexes", index_, free_count, indexed_count());
   }

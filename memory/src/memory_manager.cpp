@@ -542,7 +542,7 @@ std::vector<pool_config> memory_manager::layout_to_configs() const {
         out.emplace_back(arena_pool_config{
             o.page_size,
             o.max_alloc_size == no_size_limit ? std::nullopt : std::optional<std::uint64_t>(o.max_alloc_size),
-            o.max_pool_size, o.chunk, o.slack});
+            o.max_pool_size, o.chunk, o.slack, o.grow});
         break;
     }
   }

@@ -16,6 +16,14 @@
 // repeated work (a training step, a request) maps nothing once warm. With a `slack`, free
 // mappings beyond it are unmapped as soon as they are freed; an explicit cleanup unmaps them all.
 //
+// The growth policy (`grow`, on by default) cuts the driver calls of a workload whose footprint
+// grows: free mappings stay mapped while the memory mapped stays within a budget of 1.04 times the
+// peak of live bytes, and only what would pass it is unmapped, largest mappings first. Where the
+// arena grows (a slice placed at the start of the range's free end), the mapping reaches past the
+// slice, in a unit of a power of two of granules up to 1/32 of the memory mapped (at most
+// `grow`), as far as 1.01 times the peak of live bytes allows; and a run of fewer than 4 granules
+// keeps its last granule rather than mapping it apart.
+//
 // Stream order (see stream_order.hpp): with several streams, a slice freed on its own stream
 // stays free *for that stream only* (tagged with it) until the stream's fence for its epoch has
 // passed; a reserve on that stream may take it at once, any other waits. Tagged free slices merge
@@ -189,8 +197,26 @@ class arena_pool {
   void free_slot(std::uint32_t slot);
   /// Maps the granules of [first, last] that have no memory, as mappings (see above). On failure
   /// nothing this call mapped is left.
-  result<void> map_granules(pool_context& ctx, std::uint64_t first, std::uint64_t last, std::uint64_t slice_end,
-                            std::uint64_t size);
+  result<void> map_granules(pool_context& ctx, std::uint64_t first, std::uint64_t last, bool shared_tail,
+                            std::uint64_t cut, std::uint64_t size);
+  /// Granule states exist for the first `count` granules.
+  void cover_granules(std::uint64_t count);
+  /// Granules of [first, last] without memory (ghosts included).
+  [[nodiscard]] std::uint64_t count_missing(std::uint64_t first, std::uint64_t last) const noexcept;
+  /// `grow`: granules the memory mapped may reach with a new live slice of `size` bytes
+  /// (`per_mille` / 1000 of the peak of live bytes), and the mapping unit where the arena grows
+  /// (a power of two of granules within 1/grow_share of the memory mapped, up to `grow`).
+  [[nodiscard]] std::uint64_t budget_granules(std::uint64_t size, std::uint64_t per_mille) const noexcept;
+  [[nodiscard]] std::uint64_t grow_unit() const noexcept;
+  // Measured on the six traces (BENCHMARKS.md): free memory stays mapped within 1.04 times the
+  // peak of live bytes, mapping ahead stops at 1.01 times it, a mapping ahead is at most 1/32 of
+  // the memory mapped, and a run of fewer than 4 granules keeps its last granule.
+  static constexpr std::uint64_t budget_per_mille = 1040;
+  static constexpr std::uint64_t ahead_per_mille = 1010;
+  static constexpr std::uint64_t grow_share = 32;
+  static constexpr std::uint64_t short_run = 4;
+  /// Unmaps free mappings, largest first, until at most `limit` granules are mapped or none is free.
+  void evict_to(pool_context& ctx, std::uint64_t limit);
   result<void> map_run(pool_context& ctx, std::uint64_t first, std::uint64_t count);
   /// Maps a ghost mapping again, with its bounds.
   result<void> revive(pool_context& ctx, std::uint32_t m);
@@ -212,6 +238,9 @@ class arena_pool {
   std::uint64_t space_;
   std::uint64_t max_alloc_;
   std::uint64_t chunk_;  // granules: mappings end at multiples of it
+  std::uint64_t grow_ = 0;       // granules: the largest mapping where the arena grows (0: no growth policy)
+  std::uint64_t peak_live_ = 0;  // the peak of bytes in use
+  std::uint32_t tail_ = npos;    // the last slice of the range (its free end, unless full)
   std::uint8_t index_;
   storage_id range_ = 0;
   std::uintptr_t base_ = 0;  // the range's first address (0: the device gives none)
