@@ -20,14 +20,14 @@ arena_pool::arena_pool(const pool_options& opts, std::uint64_t alignment, std::u
 
 arena_pool::~arena_pool() = default;
 
-std::uint32_t arena_pool::new_slot() {
+inline std::uint32_t arena_pool::new_slot() {
   const std::uint32_t slot = slots_.acquire();
   slots_[slot].self = slot;
   slots_[slot].in_use_slot = true;
   return slot;
 }
 
-void arena_pool::free_slot(std::uint32_t slot) {
+inline void arena_pool::free_slot(std::uint32_t slot) {
   slots_[slot].in_use_slot = false;
   slots_[slot].desc = nullptr;
   slots_.release(slot);
@@ -49,7 +49,7 @@ result<void> arena_pool::reserve_range(pool_context& ctx) {
   return {};
 }
 
-void arena_pool::index_insert(std::uint32_t slot) {
+inline void arena_pool::index_insert(std::uint32_t slot) {
   slice_node& s = slots_[slot];
   s.indexed = true;
   if (s.tag == queue::none) {
@@ -59,7 +59,7 @@ void arena_pool::index_insert(std::uint32_t slot) {
   }
 }
 
-void arena_pool::index_erase(std::uint32_t slot) {
+inline void arena_pool::index_erase(std::uint32_t slot) {
   slice_node& s = slots_[slot];
   s.indexed = false;
   if (s.tag == queue::none) {
@@ -75,7 +75,7 @@ std::size_t arena_pool::indexed_count() const noexcept {
   return n;
 }
 
-void arena_pool::push_free(std::uint32_t m) {
+inline void arena_pool::push_free(std::uint32_t m) {
   mapping_state& s = mappings_[m];
   s.listed = true;
   s.older = newest_free_;
@@ -89,7 +89,7 @@ void arena_pool::push_free(std::uint32_t m) {
   free_mapped_ += s.count;
 }
 
-void arena_pool::unlink_free(std::uint32_t m) {
+inline void arena_pool::unlink_free(std::uint32_t m) {
   mapping_state& s = mappings_[m];
   if (s.older != npos) {
     mappings_[s.older].newer = s.newer;
@@ -168,15 +168,14 @@ std::uint64_t arena_pool::grow_unit() const noexcept {
   return unit;
 }
 
-void arena_pool::cover_granules(std::uint64_t count) {
-  if (count <= granules_.size()) return;
+void arena_pool::grow_granules(std::uint64_t count) {
   // Past the highest address used so far: grow the granule states (amortized, at most once per
   // doubling; the steady state allocates nothing).
   const std::uint64_t total = space_ / granule_;
   granules_.resize(std::min(total, std::max<std::uint64_t>(count, 2 * granules_.size())));
 }
 
-std::uint64_t arena_pool::count_missing(std::uint64_t first, std::uint64_t last) const noexcept {
+inline std::uint64_t arena_pool::count_missing(std::uint64_t first, std::uint64_t last) const noexcept {
   std::uint64_t missing = 0;
   for (std::uint64_t g = first; g <= last;) {
     const std::uint32_t m = granules_[g].mapping;
@@ -262,7 +261,7 @@ result<void> arena_pool::map_granules(pool_context& ctx, std::uint64_t first, st
   return {};
 }
 
-std::uint32_t arena_pool::best_fit(std::uint64_t extent, queue_id tag) {
+inline std::uint32_t arena_pool::best_fit(std::uint64_t extent, queue_id tag) {
   std::uint32_t best = npos;
   if (tag != queue::none && tagged_ > 0) {
     if (const tag_list* l = find_list(tag)) best = l->free.best_fit(slots_, extent);
@@ -298,9 +297,11 @@ result<detail::descriptor*> arena_pool::alloc(pool_context& ctx, std::uint64_t s
     cover_granules(last + 1);
     const std::uint64_t missing = count_missing(first, last);
     const slice_node& s = slots_[found];
+    // Every granule mapped (the steady state): take() counts the slice on its mappings.
+    if (missing == 0) return take(ctx, found, extent, size);
     // New memory would be mapped: first let memory freed on other streams join the free space if
     // their fences have passed (no wait), and look again.
-    if (missing > 0 && !harvested && tagged_ > 0 && harvest(ctx, true)) continue;
+    if (!harvested && tagged_ > 0 && harvest(ctx, true)) continue;
     // Free mappings under the slice leave the free list: they are about to be used, and must not
     // be the ones unmapped to make room.
     for (std::uint64_t g = first; g <= last;) {
@@ -412,7 +413,7 @@ detail::descriptor* arena_pool::take(pool_context& ctx, std::uint32_t self, std:
   return live.desc;
 }
 
-void arena_pool::use_mappings(const slice_node& s) {
+inline void arena_pool::use_mappings(const slice_node& s) {
   const std::uint64_t first = granule_of(s.offset);
   const std::uint64_t last = granule_of(s.offset + s.extent - 1);
   for (std::uint64_t g = first; g <= last;) {
@@ -423,7 +424,7 @@ void arena_pool::use_mappings(const slice_node& s) {
   }
 }
 
-void arena_pool::unuse_mappings(const slice_node& s) {
+inline void arena_pool::unuse_mappings(const slice_node& s) {
   const std::uint64_t first = granule_of(s.offset);
   const std::uint64_t last = granule_of(s.offset + s.extent - 1);
   for (std::uint64_t g = first; g <= last;) {
@@ -499,7 +500,7 @@ void arena_pool::tag_unlink(std::uint32_t slot) {
   s.tag_prev = s.tag_next = npos;
 }
 
-std::uint32_t arena_pool::merge_free(std::uint32_t slot) {
+inline std::uint32_t arena_pool::merge_free(std::uint32_t slot) {
   slice_node* s = &slots_[slot];
   const queue_id tag = s->tag;
   auto absorb = [&](slice_node& n) {

@@ -200,7 +200,10 @@ class arena_pool {
   result<void> map_granules(pool_context& ctx, std::uint64_t first, std::uint64_t last, bool shared_tail,
                             std::uint64_t cut, std::uint64_t size);
   /// Granule states exist for the first `count` granules.
-  void cover_granules(std::uint64_t count);
+  void cover_granules(std::uint64_t count) {
+    if (count > granules_.size()) grow_granules(count);
+  }
+  void grow_granules(std::uint64_t count);
   /// Granules of [first, last] without memory (ghosts included).
   [[nodiscard]] std::uint64_t count_missing(std::uint64_t first, std::uint64_t last) const noexcept;
   /// `grow`: granules the memory mapped may reach with a new live slice of `size` bytes
