@@ -231,10 +231,10 @@ void memory_manager::process_releases() {
   }
 }
 
-result<memory_handle> memory_manager::reserve_persistent(std::uint64_t size) {
+result<detail::descriptor*> memory_manager::reserve_persistent(std::uint64_t size) {
   if (detail::descriptor* d = persistent_.try_reserve(ctx_, size)) {
     ++stats_.reserves;
-    return memory_handle::adopt(d);
+    return d;
   }
   auto r = persistent_.alloc(ctx_, size);
   if (!r) {
@@ -242,10 +242,29 @@ result<memory_handle> memory_manager::reserve_persistent(std::uint64_t size) {
     return std::move(r).err();
   }
   ++stats_.reserves;
-  return memory_handle::adopt(*r);
+  return *r;
 }
 
 result<memory_handle> memory_manager::reserve(std::uint64_t size, queue_id q) {
+  auto r = reserve_raw(size, q);
+  if (!r) return std::move(r).err();
+  return memory_handle::adopt(*r);
+}
+
+result<void> memory_manager::reserve_into(std::uint64_t size, const memory_handle& handle, queue_id q) {
+  detail::descriptor* d = handle.raw();
+  if (d == nullptr) return error::make(errc::invalid_argument, "the handle to reserve into is empty");
+  if (d->loc.init || (d->state.load(std::memory_order_acquire) & detail::descriptor::attached_bit) != 0) {
+    return error::make(errc::already_bound, "the handle to reserve into already has memory");
+  }
+  ctx_.into = d;
+  auto r = reserve_raw(size, q);
+  ctx_.into = nullptr;  // not consumed when the reserve failed
+  if (!r) return std::move(r).err();
+  return {};
+}
+
+result<detail::descriptor*> memory_manager::reserve_raw(std::uint64_t size, queue_id q) {
   if (q == queue::none) q = queue::device;
   process_releases();
   if (order_.ordered()) {
@@ -263,11 +282,11 @@ result<memory_handle> memory_manager::reserve(std::uint64_t size, queue_id q) {
     harvest();
     r = reserve_on(size);
   }
-  if (r) publish(r->raw(), size, q);
+  if (r) publish(*r, size, q);
   return r;
 }
 
-result<memory_handle> memory_manager::reserve_on(std::uint64_t size) {
+result<detail::descriptor*> memory_manager::reserve_on(std::uint64_t size) {
   const std::uint64_t limit = props_.capacity != 0 ? props_.capacity : max_reserve_size;
   if (size > limit) {
     // Also keeps every size far from overflow when it is rounded to the alignment.
@@ -299,7 +318,7 @@ result<memory_handle> memory_manager::reserve_on(std::uint64_t size) {
       return std::move(*r).err();
     }
     ++stats_.reserves;
-    return memory_handle::adopt(**r);
+    return **r;
   }
   ++stats_.failed_reserves;
   error e = error::make(errc::buffer_too_big);

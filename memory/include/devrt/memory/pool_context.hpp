@@ -27,9 +27,19 @@ struct pool_context {
   /// The stream of the reserve being served when its pool may hand it memory freed on that
   /// stream whose fence has not passed (queue::none: only memory free for every stream).
   queue_id reserve_queue = queue::none;
+  /// The caller's descriptor that the next slice placed gets instead of a fresh one (see
+  /// memory_manager::reserve_into); consumed by attach_new.
+  detail::descriptor* into = nullptr;
 
-  /// Gives a fresh descriptor to a slice at `loc`, with one user handle. Returns it.
+  /// Gives a fresh descriptor to a slice at `loc`, with one user handle, or attaches `into`
+  /// (whose handles the caller holds already). Returns it.
   detail::descriptor* attach_new(const location& loc) {
+    if (into != nullptr) {
+      detail::descriptor* d = into;
+      into = nullptr;
+      attach_existing(d, loc);
+      return d;
+    }
     detail::descriptor* d = detail::descriptor::create();
     d->loc = loc;
     d->queue = &queue;
