@@ -75,6 +75,7 @@ memory_manager::~memory_manager() {
 
 void memory_manager::build_pools(const std::vector<pool_options>& layout) {
   pools_.clear();
+  only_arena_ = nullptr;
   pools_.reserve(layout.size());
   const std::uint64_t align = store_.alignment();
   for (std::size_t i = 0; i < layout.size(); ++i) {
@@ -85,11 +86,15 @@ void memory_manager::build_pools(const std::vector<pool_options>& layout) {
       case pool_kind::arena: pools_.emplace_back(std::make_unique<arena_pool>(layout[i], align, index)); break;
     }
   }
+  if (pools_.size() == 1) {
+    if (auto* a = std::get_if<std::unique_ptr<arena_pool>>(&pools_.front())) only_arena_ = a->get();
+  }
 }
 
 void memory_manager::release_pools() {
   for (auto& p : pools_) visit_pool(p, [&](auto& pool) { pool.release_all(ctx_); });
   pools_.clear();
+  only_arena_ = nullptr;
 }
 
 void memory_manager::release_one(detail::descriptor* d) {
@@ -297,12 +302,22 @@ result<detail::descriptor*> memory_manager::reserve_on(std::uint64_t size) {
     return e;
   }
   ++reserve_count_;
+  const bool persistent_mode = mode_ == allocation_mode::persistent;
+  const bool size_match = opts_.policy == persistent_policy::size_match;
+  if (only_arena_ != nullptr && !persistent_mode && !size_match && only_arena_->accept(size)) {
+    // The default layout on mapping devices: one arena, whose tick does nothing.
+    auto r = only_arena_->alloc(ctx_, size);
+    if (!r) {
+      ++stats_.failed_reserves;
+      return std::move(r).err();
+    }
+    ++stats_.reserves;
+    return *r;
+  }
   if (!capture_) {
     for (auto& p : pools_) visit_pool(p, [&](auto& pool) { pool.tick(ctx_, reserve_count_); });
   }
 
-  const bool persistent_mode = mode_ == allocation_mode::persistent;
-  const bool size_match = opts_.policy == persistent_policy::size_match;
   if (persistent_mode || (size_match && persistent_.has_size(size))) return reserve_persistent(size);
 
   for (auto& p : pools_) {

@@ -200,6 +200,7 @@ class memory_manager {
   pool_context ctx_;
   persistent_pool persistent_;
   std::vector<dynamic_pool> pools_;
+  arena_pool* only_arena_ = nullptr;  // the pool when the layout is a single arena (reserve's fast path)
   allocation_mode mode_ = allocation_mode::automatic;
   std::optional<capture_state> capture_;
   std::uint64_t reserve_count_ = 0;
