@@ -116,8 +116,10 @@ struct slice_view {
   std::uint64_t cursor = 0;
 };
 
-/// Rounds `n` up to a multiple of `align` (align >= 1).
+/// Rounds `n` up to a multiple of `align` (align >= 1); a mask, not a divide, for the powers of
+/// two that alignments and granules are in practice.
 constexpr std::uint64_t align_up(std::uint64_t n, std::uint64_t align) noexcept {
+  if ((align & (align - 1)) == 0) return (n + align - 1) & ~(align - 1);
   return (n + align - 1) / align * align;
 }
 /// Bytes a slice of `size` occupies: at least one alignment unit, so every allocation, including
