@@ -11,8 +11,9 @@
 // "peak reserved" is the highest address it used.
 //
 // Per round: devrt's core replay (sim H200, the layout given, `auto` by default: exactly
-// `devrt-replay TRACE --json`'s loop) and then the yardstick. The times are the medians over the
-// rounds (11 by default), and the ratio is the median of the rounds' ratios (devrt's time over the
+// `devrt-replay TRACE --json`'s loop) and the yardstick, in turns first and second (each leaves
+// the heap in a state that changes the other's time). The times are the medians over the rounds
+// (11 by default), and the ratio is the median of the rounds' ratios (devrt's time over the
 // yardstick's in the same round), which drifts least when the machine's load changes.
 #include <fmt/format.h>
 
@@ -179,12 +180,14 @@ int main(int argc, char** argv) {
     for (int k = 0; k < rounds; ++k) {
       replay::replay_options o;
       o.layout = *layout;
+      // Alternately first and second, so that neither always runs on the heap the other left.
+      if (k % 2 == 1) yard = run_yardstick(*t);
       auto r = replay::replay(*t, o);
       if (!r) {
         std::fprintf(stderr, "devrt_bench_yardstick: %s: %s\n", path.c_str(), r.err().message().c_str());
         return 1;
       }
-      yard = run_yardstick(*t);
+      if (k % 2 == 0) yard = run_yardstick(*t);
       devrt_ns.push_back(r->ns_per_event);
       yard_ns.push_back(yard.ns_per_event);
       ratios.push_back(r->ns_per_event / yard.ns_per_event);
