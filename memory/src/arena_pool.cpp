@@ -367,8 +367,36 @@ result<detail::descriptor*> arena_pool::alloc(pool_context& ctx, std::uint64_t s
   }
 }
 
+inline void arena_pool::resize_free(std::uint32_t slot, std::uint64_t extent) {
+  // The index files a slice by its size class: it moves only when the class changes.
+  if (size_class_index::class_of(extent) == size_class_index::class_of(slots_[slot].extent)) {
+    slots_[slot].extent = extent;
+    return;
+  }
+  index_erase(slot);
+  slots_[slot].extent = extent;
+  index_insert(slot);
+}
+
 detail::descriptor* arena_pool::take(pool_context& ctx, std::uint32_t self, std::uint64_t extent,
                                      std::uint64_t size) {
+  if (slots_[self].tag == queue::none && slots_[self].extent > extent) {
+    // Split off the front of a hole free for all: the hole keeps its node (and its place in the
+    // index unless its size class changes), the live slice gets a new one.
+    const std::uint32_t hole = self;
+    self = new_slot();  // may grow the table: references are taken after it
+    slice_node& h = slots_[hole];
+    slice_node& cut = slots_[self];
+    cut.offset = h.offset;
+    cut.extent = extent;
+    cut.prev = h.prev;
+    cut.next = hole;
+    if (h.prev != npos) slots_[h.prev].next = self;
+    h.prev = self;
+    h.offset += extent;
+    resize_free(hole, h.extent - extent);
+    return place(ctx, self, size);
+  }
   const bool tagged = slots_[self].tag != queue::none;
   if (tagged) unuse_mappings(slots_[self]);  // counted again below, as the live slice and the remainder
   index_erase(self);
@@ -391,12 +419,16 @@ detail::descriptor* arena_pool::take(pool_context& ctx, std::uint32_t self, std:
     if (tagged) tag_insert_after(self, rest_slot);
     index_insert(rest_slot);
   }
-  slice_node& live = slots_[self];
   if (tagged) {
     tag_unlink(self);
     --tagged_;  // the live part leaves; the remainder (if any) was counted by tag_insert_after
     if (rest_slot != npos) use_mappings(slots_[rest_slot]);
   }
+  return place(ctx, self, size);
+}
+
+inline detail::descriptor* arena_pool::place(pool_context& ctx, std::uint32_t self, std::uint64_t size) {
+  slice_node& live = slots_[self];
   live.tag = queue::none;
   live.epoch = 0;
   // One more live slice on each mapping under it: one step per mapping, not per granule.
@@ -534,6 +566,46 @@ inline std::uint32_t arena_pool::merge_free(std::uint32_t slot) {
   return slot;
 }
 
+std::uint32_t arena_pool::merge_into_index(std::uint32_t slot) {
+  slice_node& s = slots_[slot];
+  const std::uint32_t pi = s.prev;
+  const std::uint32_t ni = s.next;
+  const bool prev_free = pi != npos && slots_[pi].free && slots_[pi].tag == queue::none;
+  const bool next_free = ni != npos && slots_[ni].free && slots_[ni].tag == queue::none;
+  if (!prev_free && !next_free) {
+    index_insert(slot);
+    return slot;
+  }
+  if (!prev_free) {
+    // The hole after it grows down over it.
+    slice_node& n = slots_[ni];
+    n.offset = s.offset;
+    n.prev = s.prev;
+    if (s.prev != npos) slots_[s.prev].next = ni;
+    resize_free(ni, n.extent + s.extent);
+    free_slot(slot);
+    return ni;
+  }
+  // The hole before it grows over it (and over the hole after it).
+  slice_node& p = slots_[pi];
+  std::uint64_t extent = p.extent + s.extent;
+  std::uint32_t after = ni;
+  if (next_free) {
+    slice_node& n = slots_[ni];
+    index_erase(ni);
+    extent += n.extent;
+    after = n.next;
+    if (ni == tail_) tail_ = pi;
+    free_slot(ni);
+  }
+  p.next = after;
+  if (after != npos) slots_[after].prev = pi;
+  if (slot == tail_) tail_ = pi;
+  resize_free(pi, extent);
+  free_slot(slot);
+  return pi;
+}
+
 void arena_pool::release(pool_context& ctx, const location& loc, queue_id tag, std::uint64_t epoch) {
   std::uint32_t slot = loc.slice;
   slice_node* s = &slots_[slot];
@@ -549,7 +621,7 @@ void arena_pool::release(pool_context& ctx, const location& loc, queue_id tag, s
   s->epoch = epoch;
   if (tag == queue::none) {
     unuse_mappings(*s);
-    slot = merge_free(slot);
+    merge_into_index(slot);
   } else {
     // Still counted on its mappings: the stream may be using the memory. The merged slice counts
     // once, with the newest epoch (this free's).
@@ -558,8 +630,8 @@ void arena_pool::release(pool_context& ctx, const location& loc, queue_id tag, s
     slots_[slot].epoch = epoch;
     use_mappings(slots_[slot]);
     tag_append(slot);
+    index_insert(slot);
   }
-  index_insert(slot);
   if (opts_.slack && tag == queue::none) trim(ctx, *opts_.slack);
 }
 
@@ -571,8 +643,7 @@ void arena_pool::untag(pool_context& ctx, std::uint32_t slot) {
   unuse_mappings(s);
   s.tag = queue::none;
   s.epoch = 0;
-  slot = merge_free(slot);
-  index_insert(slot);
+  merge_into_index(slot);
   (void)ctx;
 }
 

@@ -173,6 +173,13 @@ class arena_pool {
   /// Takes `extent` bytes of the free slice `slot` (tagged or not) for a new live slice; returns
   /// its descriptor.
   detail::descriptor* take(pool_context& ctx, std::uint32_t slot, std::uint64_t extent, std::uint64_t size);
+  /// Gives the new live slice `self` its descriptor and counts it.
+  detail::descriptor* place(pool_context& ctx, std::uint32_t self, std::uint64_t size);
+  /// Frees the untagged slot `slot` (not in an index) into the index, merged with its untagged
+  /// free neighbours; returns the surviving slot.
+  std::uint32_t merge_into_index(std::uint32_t slot);
+  /// Sets the extent of the indexed free slice `slot`, moving it in the index if its class changes.
+  void resize_free(std::uint32_t slot, std::uint64_t extent);
   /// Puts a free slice into (takes it out of) the index of its tag.
   void index_insert(std::uint32_t slot);
   void index_erase(std::uint32_t slot);
