@@ -731,7 +731,9 @@ std::string arena_pool::report() const {
   std::string out =
       fmt::format("arena pool {}: granule {}, address space {}, free memory kept {}", index_, format_bytes(granule_),
                   format_bytes(space_),
-                  opts_.slack ? "up to " + format_bytes(*opts_.slack) : std::string("until needed elsewhere"));
+                  opts_.slack ? "up to " + format_bytes(*opts_.slack)
+                  : grow_ != 0 ? std::string("within 1.04x the peak of live bytes")
+                               : std::string("until needed elsewhere"));
   if (max_alloc_ < space_) out += fmt::format(", max {}", format_bytes(max_alloc_));
   out += fmt::format(
       "; {} live slices, {} in use, {} mapped ({} granules in {} mappings, {} granules free), {} holes, largest {}\n",
