@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 #include <algorithm>
+#include <bit>
 
 #include "devrt/memory/stream_order.hpp"
 
@@ -13,18 +14,20 @@ arena_pool::arena_pool(const pool_options& opts, std::uint64_t alignment, std::u
   space_ = std::max(align_up(opts.max_pool_size.value_or(granule_), granule_), granule_);
   max_alloc_ = std::min(opts.max_alloc_size == 0 ? no_size_limit : opts.max_alloc_size, space_);
   chunk_ = std::max<std::uint64_t>(opts.chunk.value_or(granule_) / granule_, 1);
+  if (std::has_single_bit(granule_)) granule_shift_ = static_cast<unsigned>(std::countr_zero(granule_));
+  if (opts.grow) grow_ = std::max(chunk_, *opts.grow / granule_);
 }
 
-arena_pool::~arena_pool() { tree_.clear(); }
+arena_pool::~arena_pool() = default;
 
-std::uint32_t arena_pool::new_slot() {
+inline std::uint32_t arena_pool::new_slot() {
   const std::uint32_t slot = slots_.acquire();
   slots_[slot].self = slot;
   slots_[slot].in_use_slot = true;
   return slot;
 }
 
-void arena_pool::free_slot(std::uint32_t slot) {
+inline void arena_pool::free_slot(std::uint32_t slot) {
   slots_[slot].in_use_slot = false;
   slots_[slot].desc = nullptr;
   slots_.release(slot);
@@ -34,17 +37,45 @@ result<void> arena_pool::reserve_range(pool_context& ctx) {
   auto r = ctx.store.reserve_range(space_, granule_);
   if (!r) return std::move(r).err();
   range_ = r->id;
+  base_known_ = false;
   keep_ghosts_ = ctx.store.ordered();
   // Granule states grow with the highest address used (see alloc), not with the whole range.
   granules_.clear();
   const std::uint32_t slot = new_slot();
   slots_[slot].offset = 0;
   slots_[slot].extent = space_;
-  tree_.insert(slots_[slot]);
+  index_insert(slot);
+  tail_ = slot;
   return {};
 }
 
-void arena_pool::push_free(std::uint32_t m) {
+inline void arena_pool::index_insert(std::uint32_t slot) {
+  slice_node& s = slots_[slot];
+  s.indexed = true;
+  if (s.tag == queue::none) {
+    untagged_.insert(slots_, slot);
+  } else {
+    list_of(s.tag).free.insert(slots_, slot);
+  }
+}
+
+inline void arena_pool::index_erase(std::uint32_t slot) {
+  slice_node& s = slots_[slot];
+  s.indexed = false;
+  if (s.tag == queue::none) {
+    untagged_.erase(slots_, slot);
+  } else {
+    list_of(s.tag).free.erase(slots_, slot);
+  }
+}
+
+std::size_t arena_pool::indexed_count() const noexcept {
+  std::size_t n = untagged_.size();
+  for (const auto& l : tags_) n += l.free.size();
+  return n;
+}
+
+inline void arena_pool::push_free(std::uint32_t m) {
   mapping_state& s = mappings_[m];
   s.listed = true;
   s.older = newest_free_;
@@ -58,7 +89,7 @@ void arena_pool::push_free(std::uint32_t m) {
   free_mapped_ += s.count;
 }
 
-void arena_pool::unlink_free(std::uint32_t m) {
+inline void arena_pool::unlink_free(std::uint32_t m) {
   mapping_state& s = mappings_[m];
   if (s.older != npos) {
     mappings_[s.older].newer = s.newer;
@@ -114,6 +145,50 @@ void arena_pool::evict(pool_context& ctx, std::uint64_t count) {
   }
 }
 
+void arena_pool::evict_to(pool_context& ctx, std::uint64_t limit) {
+  while (mapped_ > limit && oldest_free_ != npos) {
+    // The largest free mapping (the oldest among equals): the fewest driver calls for the memory.
+    std::uint32_t m = oldest_free_;
+    for (std::uint32_t k = mappings_[m].newer; k != npos; k = mappings_[k].newer) {
+      if (mappings_[k].count > mappings_[m].count) m = k;
+    }
+    unlink_free(m);
+    unmap_mapping(ctx, m);
+  }
+}
+
+std::uint64_t arena_pool::budget_granules(std::uint64_t size, std::uint64_t per_mille) const noexcept {
+  const std::uint64_t live = std::max(peak_live_, usage_.bytes_in_use + size);
+  return (live / 1000 * per_mille + live % 1000 * per_mille / 1000) / granule_;
+}
+
+std::uint64_t arena_pool::grow_unit() const noexcept {
+  std::uint64_t unit = 1;
+  while (2 * unit <= grow_ && 2 * unit * grow_share <= mapped_) unit *= 2;
+  return unit;
+}
+
+void arena_pool::grow_granules(std::uint64_t count) {
+  // Past the highest address used so far: grow the granule states (amortized, at most once per
+  // doubling; the steady state allocates nothing).
+  const std::uint64_t total = space_ / granule_;
+  granules_.resize(std::min(total, std::max<std::uint64_t>(count, 2 * granules_.size())));
+}
+
+inline std::uint64_t arena_pool::count_missing(std::uint64_t first, std::uint64_t last) const noexcept {
+  std::uint64_t missing = 0;
+  for (std::uint64_t g = first; g <= last;) {
+    const std::uint32_t m = granules_[g].mapping;
+    if (m == npos || mappings_[m].ghost) {
+      ++missing;
+      ++g;
+      continue;
+    }
+    g = mappings_[m].first + mappings_[m].count;
+  }
+  return missing;
+}
+
 void arena_pool::trim(pool_context& ctx, std::uint64_t limit) {
   while (oldest_free_ != npos && free_mapped_ * granule_ > limit) {
     const std::uint32_t m = oldest_free_;
@@ -133,11 +208,8 @@ result<void> arena_pool::map_run(pool_context& ctx, std::uint64_t first, std::ui
   return {};
 }
 
-result<void> arena_pool::map_granules(pool_context& ctx, std::uint64_t first, std::uint64_t last,
-                                      std::uint64_t slice_end, std::uint64_t size) {
-  // The last granule gets a mapping of its own when the slice ends inside it: a neighbour placed
-  // after the slice may share it, and must not keep the slice's other granules mapped.
-  const bool shared_tail = slice_end % granule_ != 0;
+result<void> arena_pool::map_granules(pool_context& ctx, std::uint64_t first, std::uint64_t last, bool shared_tail,
+                                      std::uint64_t cut, std::uint64_t size) {
   ++map_calls_;
   std::uint64_t g = first;
   while (g <= last) {
@@ -154,11 +226,14 @@ result<void> arena_pool::map_granules(pool_context& ctx, std::uint64_t first, st
       while (end <= last && granules_[end].mapping == npos) ++end;
     }
     if (r && granules_[g].mapping == npos) {
-      const std::uint64_t whole_end = shared_tail && end == last + 1 ? last : end;
+      // With `grow`, a short run keeps its last granule: it pins little memory, and saves a call.
+      const std::uint64_t run_start = std::max(g, last / cut * cut);
+      const bool apart = shared_tail && end == last + 1 && (grow_ == 0 || last - run_start >= short_run);
+      const std::uint64_t whole_end = apart ? last : end;
       // Mappings end at multiples of the chunk, so that a mapping a later slice partly reuses holds
       // at most a chunk of free memory that cannot be unmapped.
       for (std::uint64_t at = g; r && at < whole_end;) {
-        const std::uint64_t stop = std::min(whole_end, (at / chunk_ + 1) * chunk_);
+        const std::uint64_t stop = std::min(whole_end, (at / cut + 1) * cut);
         r = map_run(ctx, at, stop - at);
         at = stop;
       }
@@ -186,14 +261,14 @@ result<void> arena_pool::map_granules(pool_context& ctx, std::uint64_t first, st
   return {};
 }
 
-arena_pool::slice_node* arena_pool::best_fit(std::uint64_t extent, queue_id tag) {
-  slice_node* best = nullptr;
+inline std::uint32_t arena_pool::best_fit(std::uint64_t extent, queue_id tag) {
+  std::uint32_t best = npos;
   if (tag != queue::none && tagged_ > 0) {
-    auto it = tree_.lower_bound(extent_key{tag, extent}, key_fit{});
-    if (it != tree_.end() && it->tag == tag) best = &*it;
+    if (const tag_list* l = find_list(tag)) best = l->free.best_fit(slots_, extent);
   }
-  auto it = tree_.lower_bound(extent_key{queue::none, extent}, key_fit{});
-  if (it != tree_.end() && it->tag == queue::none && (best == nullptr || it->extent < best->extent)) best = &*it;
+  const std::uint32_t any = untagged_.best_fit(slots_, extent);
+  // A stream's own slice wins a tie: memory other streams may not take stays in use.
+  if (any != npos && (best == npos || slots_[any].extent < slots_[best].extent)) best = any;
   return best;
 }
 
@@ -203,8 +278,8 @@ result<detail::descriptor*> arena_pool::alloc(pool_context& ctx, std::uint64_t s
   }
   const std::uint64_t extent = slice_extent(size, alignment_);
   for (bool harvested = false;; harvested = true) {
-    slice_node* found = best_fit(extent, ctx.reserve_queue);
-    if (found == nullptr) {
+    std::uint32_t found = best_fit(extent, ctx.reserve_queue);
+    if (found == npos) {
       // Tagged memory of other streams may be free for all by now.
       if (!harvested && tagged_ > 0 && harvest(ctx, true)) continue;
       error e = error::make(errc::pool_capacity_exceeded, "no hole in the arena's address range is large enough");
@@ -213,33 +288,20 @@ result<detail::descriptor*> arena_pool::alloc(pool_context& ctx, std::uint64_t s
       e.in_use = usage_.bytes_in_use;
       return e;
     }
-    slice_node& s = *found;
-    if (s.tag != queue::none) {
+    if (slots_[found].tag != queue::none) {
       // Freed on this very stream: stream order makes it safe at once, and its memory is mapped.
-      slice_node& live = take(ctx, s, extent, size);
-      return live.desc;
+      return take(ctx, found, extent, size);
     }
-    const std::uint64_t first = s.offset / granule_;
-    const std::uint64_t last = (s.offset + extent - 1) / granule_;
-    if (last >= granules_.size()) {
-      // Past the highest address used so far: grow the granule states (amortized, at most once per
-      // doubling; the steady state allocates nothing).
-      const std::uint64_t total = space_ / granule_;
-      granules_.resize(std::min(total, std::max<std::uint64_t>(last + 1, 2 * granules_.size())));
-    }
-    std::uint64_t missing = 0;
-    for (std::uint64_t g = first; g <= last;) {
-      const std::uint32_t m = granules_[g].mapping;
-      if (m == npos || mappings_[m].ghost) {
-        ++missing;
-        ++g;
-        continue;
-      }
-      g = mappings_[m].first + mappings_[m].count;
-    }
+    const std::uint64_t first = granule_of(slots_[found].offset);
+    const std::uint64_t last = granule_of(slots_[found].offset + extent - 1);
+    cover_granules(last + 1);
+    const std::uint64_t missing = count_missing(first, last);
+    const slice_node& s = slots_[found];
+    // Every granule mapped (the steady state): take() counts the slice on its mappings.
+    if (missing == 0) return take(ctx, found, extent, size);
     // New memory would be mapped: first let memory freed on other streams join the free space if
     // their fences have passed (no wait), and look again.
-    if (missing > 0 && !harvested && tagged_ > 0 && harvest(ctx, true)) continue;
+    if (!harvested && tagged_ > 0 && harvest(ctx, true)) continue;
     // Free mappings under the slice leave the free list: they are about to be used, and must not
     // be the ones unmapped to make room.
     for (std::uint64_t g = first; g <= last;) {
@@ -251,11 +313,42 @@ result<detail::descriptor*> arena_pool::alloc(pool_context& ctx, std::uint64_t s
       if (mappings_[m].listed) unlink_free(m);
       g = mappings_[m].first + mappings_[m].count;
     }
-    // Memory to map: first give back as much free memory elsewhere, oldest first, so the memory
-    // held does not grow while free memory sits in holes.
+    // Memory to map: first give back free memory elsewhere so that the memory held does not grow
+    // while free memory sits in holes: as much as is mapped (oldest first), or, with `grow`, what
+    // would pass the budget (largest first).
     if (missing > 0) {
-      evict(ctx, missing);
-      if (auto r = map_granules(ctx, first, last, s.offset + extent, size); !r) {
+      // The last granule gets a mapping of its own when the slice ends inside it: a neighbour
+      // placed after the slice may share it, and must not keep the slice's other granules mapped.
+      const std::uint64_t slice_end = s.offset + extent;
+      bool shared_tail = (granule_shift_ != 0 ? slice_end & (granule_ - 1) : slice_end % granule_) != 0;
+      std::uint64_t map_last = last;
+      std::uint64_t cut = chunk_;
+      if (grow_ == 0) {
+        evict(ctx, missing);
+      } else {
+        const std::uint64_t budget = budget_granules(size, budget_per_mille);
+        evict_to(ctx, budget > missing ? budget - missing : 0);
+        if (found == tail_) {
+          // Where the arena grows, map ahead into its free end, in units that grow with the memory
+          // mapped, over granules never mapped, within a tighter budget: memory mapped ahead that
+          // small long-lived slices pin later cannot be unmapped, so it must not use the headroom
+          // that mappings elsewhere need.
+          const std::uint64_t unit = grow_unit();
+          const std::uint64_t ahead = budget_granules(size, ahead_per_mille);
+          const std::uint64_t room = ahead > mapped_ + missing ? ahead - mapped_ - missing : 0;
+          const std::uint64_t end = std::min({(last / unit + 1) * unit, last + 1 + room,
+                                              granule_of(s.offset + s.extent - 1) + 1, space_ / granule_});
+          cover_granules(end);
+          std::uint64_t e = last + 1;
+          while (e < end && granules_[e].mapping == npos) ++e;
+          if (e > last + 1) {
+            map_last = e - 1;
+            cut = unit;
+            shared_tail = false;
+          }
+        }
+      }
+      if (auto r = map_granules(ctx, first, map_last, shared_tail, cut, size); !r) {
         // The free mappings taken off the list go back on it.
         for (std::uint64_t g = first; g <= last;) {
           const std::uint32_t m = granules_[g].mapping;
@@ -270,18 +363,47 @@ result<detail::descriptor*> arena_pool::alloc(pool_context& ctx, std::uint64_t s
         return std::move(r).err();
       }
     }
-    return take(ctx, s, extent, size).desc;
+    return take(ctx, found, extent, size);
   }
 }
 
-arena_pool::slice_node& arena_pool::take(pool_context& ctx, slice_node& s, std::uint64_t extent, std::uint64_t size) {
-  const bool tagged = s.tag != queue::none;
-  if (tagged) unuse_mappings(s);  // counted again below, as the live slice and the remainder
-  tree_.erase(tree_.iterator_to(s));
-  const std::uint32_t self = s.self;
+inline void arena_pool::resize_free(std::uint32_t slot, std::uint64_t extent) {
+  // The index files a slice by its size class: it moves only when the class changes.
+  if (size_class_index::class_of(extent) == size_class_index::class_of(slots_[slot].extent)) {
+    slots_[slot].extent = extent;
+    return;
+  }
+  index_erase(slot);
+  slots_[slot].extent = extent;
+  index_insert(slot);
+}
+
+detail::descriptor* arena_pool::take(pool_context& ctx, std::uint32_t self, std::uint64_t extent,
+                                     std::uint64_t size) {
+  if (slots_[self].tag == queue::none && slots_[self].extent > extent) {
+    // Split off the front of a hole free for all: the hole keeps its node (and its place in the
+    // index unless its size class changes), the live slice gets a new one.
+    const std::uint32_t hole = self;
+    self = new_slot();  // may grow the table: references are taken after it
+    slice_node& h = slots_[hole];
+    slice_node& cut = slots_[self];
+    cut.offset = h.offset;
+    cut.extent = extent;
+    cut.prev = h.prev;
+    cut.next = hole;
+    if (h.prev != npos) slots_[h.prev].next = self;
+    h.prev = self;
+    h.offset += extent;
+    resize_free(hole, h.extent - extent);
+    return place(ctx, self, size);
+  }
+  const bool tagged = slots_[self].tag != queue::none;
+  if (tagged) unuse_mappings(slots_[self]);  // counted again below, as the live slice and the remainder
+  index_erase(self);
   std::uint32_t rest_slot = npos;
-  if (s.extent > extent) {
-    rest_slot = new_slot();  // may grow the deque: references stay valid
+  if (slots_[self].extent > extent) {
+    rest_slot = new_slot();  // may grow the table: references are taken after it
+    if (self == tail_) tail_ = rest_slot;
     slice_node& cur = slots_[self];
     slice_node& rest = slots_[rest_slot];
     rest.offset = cur.offset + extent;
@@ -295,14 +417,18 @@ arena_pool::slice_node& arena_pool::take(pool_context& ctx, slice_node& s, std::
     cur.extent = extent;
     // The remainder keeps the slice's place on its tag list: the list stays in epoch order.
     if (tagged) tag_insert_after(self, rest_slot);
-    tree_.insert(rest);
+    index_insert(rest_slot);
   }
-  slice_node& live = slots_[self];
   if (tagged) {
     tag_unlink(self);
     --tagged_;  // the live part leaves; the remainder (if any) was counted by tag_insert_after
     if (rest_slot != npos) use_mappings(slots_[rest_slot]);
   }
+  return place(ctx, self, size);
+}
+
+inline detail::descriptor* arena_pool::place(pool_context& ctx, std::uint32_t self, std::uint64_t size) {
+  slice_node& live = slots_[self];
   live.tag = queue::none;
   live.epoch = 0;
   // One more live slice on each mapping under it: one step per mapping, not per granule.
@@ -313,14 +439,15 @@ arena_pool::slice_node& arena_pool::take(pool_context& ctx, slice_node& s, std::
   live.desc = ctx.attach_new(loc_of(self));
   usage_.number_allocs += 1;
   usage_.bytes_in_use += size;
+  peak_live_ = std::max(peak_live_, usage_.bytes_in_use);
   usage_.bytes_padding += live.extent - size;
   ctx.add_in_use(size);
-  return live;
+  return live.desc;
 }
 
-void arena_pool::use_mappings(const slice_node& s) {
-  const std::uint64_t first = s.offset / granule_;
-  const std::uint64_t last = (s.offset + s.extent - 1) / granule_;
+inline void arena_pool::use_mappings(const slice_node& s) {
+  const std::uint64_t first = granule_of(s.offset);
+  const std::uint64_t last = granule_of(s.offset + s.extent - 1);
   for (std::uint64_t g = first; g <= last;) {
     mapping_state& m = mappings_[granules_[g].mapping];
     if (m.listed) unlink_free(granules_[g].mapping);
@@ -329,14 +456,21 @@ void arena_pool::use_mappings(const slice_node& s) {
   }
 }
 
-void arena_pool::unuse_mappings(const slice_node& s) {
-  const std::uint64_t first = s.offset / granule_;
-  const std::uint64_t last = (s.offset + s.extent - 1) / granule_;
+inline void arena_pool::unuse_mappings(const slice_node& s) {
+  const std::uint64_t first = granule_of(s.offset);
+  const std::uint64_t last = granule_of(s.offset + s.extent - 1);
   for (std::uint64_t g = first; g <= last;) {
     const std::uint32_t m = granules_[g].mapping;
     if (--mappings_[m].used == 0) push_free(m);
     g = mappings_[m].first + mappings_[m].count;
   }
+}
+
+arena_pool::tag_list* arena_pool::find_list(queue_id tag) noexcept {
+  for (auto& l : tags_) {
+    if (l.tag == tag) return &l;
+  }
+  return nullptr;
 }
 
 arena_pool::tag_list& arena_pool::list_of(queue_id tag) {
@@ -349,7 +483,7 @@ arena_pool::tag_list& arena_pool::list_of(queue_id tag) {
       return l;
     }
   }
-  tags_.push_back(tag_list{tag, npos, npos});
+  tags_.push_back(tag_list{tag, npos, npos, {}});
   return tags_.back();
 }
 
@@ -398,11 +532,11 @@ void arena_pool::tag_unlink(std::uint32_t slot) {
   s.tag_prev = s.tag_next = npos;
 }
 
-std::uint32_t arena_pool::merge_free(std::uint32_t slot) {
+inline std::uint32_t arena_pool::merge_free(std::uint32_t slot) {
   slice_node* s = &slots_[slot];
   const queue_id tag = s->tag;
   auto absorb = [&](slice_node& n) {
-    tree_.erase(tree_.iterator_to(n));
+    index_erase(n.self);
     if (tag != queue::none) {
       tag_unlink(n.self);
       --tagged_;
@@ -412,6 +546,7 @@ std::uint32_t arena_pool::merge_free(std::uint32_t slot) {
   if (s->prev != npos && slots_[s->prev].free && slots_[s->prev].tag == tag) {
     slice_node& p = slots_[s->prev];
     absorb(p);
+    if (slot == tail_) tail_ = p.self;
     p.extent += s->extent;
     p.next = s->next;
     if (s->next != npos) slots_[s->next].prev = p.self;
@@ -422,12 +557,53 @@ std::uint32_t arena_pool::merge_free(std::uint32_t slot) {
   if (s->next != npos && slots_[s->next].free && slots_[s->next].tag == tag) {
     slice_node& n = slots_[s->next];
     absorb(n);
+    if (n.self == tail_) tail_ = slot;
     s->extent += n.extent;
     s->next = n.next;
     if (n.next != npos) slots_[n.next].prev = slot;
     free_slot(n.self);
   }
   return slot;
+}
+
+std::uint32_t arena_pool::merge_into_index(std::uint32_t slot) {
+  slice_node& s = slots_[slot];
+  const std::uint32_t pi = s.prev;
+  const std::uint32_t ni = s.next;
+  const bool prev_free = pi != npos && slots_[pi].free && slots_[pi].tag == queue::none;
+  const bool next_free = ni != npos && slots_[ni].free && slots_[ni].tag == queue::none;
+  if (!prev_free && !next_free) {
+    index_insert(slot);
+    return slot;
+  }
+  if (!prev_free) {
+    // The hole after it grows down over it.
+    slice_node& n = slots_[ni];
+    n.offset = s.offset;
+    n.prev = s.prev;
+    if (s.prev != npos) slots_[s.prev].next = ni;
+    resize_free(ni, n.extent + s.extent);
+    free_slot(slot);
+    return ni;
+  }
+  // The hole before it grows over it (and over the hole after it).
+  slice_node& p = slots_[pi];
+  std::uint64_t extent = p.extent + s.extent;
+  std::uint32_t after = ni;
+  if (next_free) {
+    slice_node& n = slots_[ni];
+    index_erase(ni);
+    extent += n.extent;
+    after = n.next;
+    if (ni == tail_) tail_ = pi;
+    free_slot(ni);
+  }
+  p.next = after;
+  if (after != npos) slots_[after].prev = pi;
+  if (slot == tail_) tail_ = pi;
+  resize_free(pi, extent);
+  free_slot(slot);
+  return pi;
 }
 
 void arena_pool::release(pool_context& ctx, const location& loc, queue_id tag, std::uint64_t epoch) {
@@ -445,7 +621,7 @@ void arena_pool::release(pool_context& ctx, const location& loc, queue_id tag, s
   s->epoch = epoch;
   if (tag == queue::none) {
     unuse_mappings(*s);
-    slot = merge_free(slot);
+    merge_into_index(slot);
   } else {
     // Still counted on its mappings: the stream may be using the memory. The merged slice counts
     // once, with the newest epoch (this free's).
@@ -454,21 +630,20 @@ void arena_pool::release(pool_context& ctx, const location& loc, queue_id tag, s
     slots_[slot].epoch = epoch;
     use_mappings(slots_[slot]);
     tag_append(slot);
+    index_insert(slot);
   }
-  tree_.insert(slots_[slot]);
   if (opts_.slack && tag == queue::none) trim(ctx, *opts_.slack);
 }
 
 void arena_pool::untag(pool_context& ctx, std::uint32_t slot) {
   slice_node& s = slots_[slot];
+  index_erase(slot);
   tag_unlink(slot);
   --tagged_;
-  tree_.erase(tree_.iterator_to(s));
   unuse_mappings(s);
   s.tag = queue::none;
   s.epoch = 0;
-  slot = merge_free(slot);
-  tree_.insert(slots_[slot]);
+  merge_into_index(slot);
   (void)ctx;
 }
 
@@ -523,7 +698,7 @@ void arena_pool::cleanup(pool_context& ctx, bool explicit_cleanup) {
 }
 
 void arena_pool::release_all(pool_context& ctx) {
-  tree_.clear();
+  untagged_.clear();
   for (auto& s : slots_) {
     if (s.in_use_slot && !s.free && s.desc != nullptr) {
       ctx.sub_in_use(s.size);
@@ -538,6 +713,9 @@ void arena_pool::release_all(pool_context& ctx) {
   }
   if (range_ != 0) ctx.store.release_range(range_);
   range_ = 0;
+  tail_ = npos;
+  peak_live_ = 0;
+  base_known_ = false;
   slots_.clear();
   granules_.clear();
   mappings_.clear();
@@ -551,16 +729,21 @@ void arena_pool::release_all(pool_context& ctx) {
 
 std::string arena_pool::report() const {
   std::uint64_t largest_hole = 0;
-  if (!tree_.empty()) largest_hole = tree_.rbegin()->extent;
+  if (const std::uint32_t l = untagged_.largest(slots_); l != npos) largest_hole = slots_[l].extent;
+  for (const auto& t : tags_) {
+    if (const std::uint32_t l = t.free.largest(slots_); l != npos) largest_hole = std::max(largest_hole, slots_[l].extent);
+  }
   std::string out =
       fmt::format("arena pool {}: granule {}, address space {}, free memory kept {}", index_, format_bytes(granule_),
                   format_bytes(space_),
-                  opts_.slack ? "up to " + format_bytes(*opts_.slack) : std::string("until needed elsewhere"));
+                  opts_.slack ? "up to " + format_bytes(*opts_.slack)
+                  : grow_ != 0 ? std::string("within 1.04x the peak of live bytes")
+                               : std::string("until needed elsewhere"));
   if (max_alloc_ < space_) out += fmt::format(", max {}", format_bytes(max_alloc_));
   out += fmt::format(
       "; {} live slices, {} in use, {} mapped ({} granules in {} mappings, {} granules free), {} holes, largest {}\n",
       usage_.number_allocs, format_bytes(usage_.bytes_in_use), format_bytes(usage_.bytes_reserved), mapped_,
-      mapping_count(), free_mapped_, tree_.size(), format_bytes(largest_hole));
+      mapping_count(), free_mapped_, indexed_count(), format_bytes(largest_hole));
   return out;
 }
 
@@ -604,14 +787,14 @@ std::string arena_pool::check_invariants() const {
       if (prev_free && prev_tag == s.tag) {
         return fmt::format("arena {}: two adjacent free slices of one tag not merged at {}", index_, s.offset);
       }
-      if (s.desc != nullptr || !s.is_linked()) {
-        return fmt::format("arena {}: free slice {} has a descriptor or is missing from the tree", index_, k);
+      if (s.desc != nullptr || !s.indexed) {
+        return fmt::format("arena {}: free slice {} has a descriptor or is missing from the free index", index_, k);
       }
       ++free_count;
       if (s.tag != queue::none) ++tagged_seen;
     } else {
-      if (s.is_linked() || s.desc == nullptr) {
-        return fmt::format("arena {}: live slice {} is in the tree or has no descriptor", index_, k);
+      if (s.indexed || s.desc == nullptr) {
+        return fmt::format("arena {}: live slice {} is in the free index or has no descriptor", index_, k);
       }
       if ((s.desc->state.load(std::memory_order_acquire) & detail::descriptor::attached_bit) == 0 ||
           s.desc->loc != location{index_, 0, k, true}) {
@@ -659,8 +842,32 @@ std::string arena_pool::check_invariants() const {
                        tagged_);
   }
   if (expect != space_) return fmt::format("arena {}: slices cover {} of {} bytes", index_, expect, space_);
-  if (free_count != tree_.size()) {
-    return fmt::format("arena {}: {} free slices but {} in the tree", index_, free_count, tree_.size());
+  if (prev != tail_) return fmt::format("arena {}: the last slice is {}, not {}", index_, prev, tail_);
+  if (free_count != indexed_count()) {
+    return fmt::format("arena {}: {} free slices but {} in the free indexes", index_, free_count, indexed_count());
+  }
+  // Every index lists exactly the free slices of its tag, each in the class of its extent.
+  const auto check_index = [&](const size_class_index& ix, queue_id tag) -> std::string {
+    std::size_t seen = 0;
+    for (unsigned c = 0; c < size_class_index::class_count; ++c) {
+      if ((ix.head(c) != npos) != ix.marked(c)) return fmt::format("arena {}: size class {} is marked wrongly", index_, c);
+      std::uint32_t before = npos;
+      for (std::uint32_t t = ix.head(c); t != npos; t = slots_[t].bin_next) {
+        const slice_node& s = slots_[t];
+        if (!s.in_use_slot || !s.free || !s.indexed || s.tag != tag || s.bin_prev != before ||
+            size_class_index::class_of(s.extent) != c) {
+          return fmt::format("arena {}: the free index of stream {:#x} is broken at slot {}", index_, tag, t);
+        }
+        before = t;
+        if (++seen > slots_.size()) return fmt::format("arena {}: a free index has a cycle", index_);
+      }
+    }
+    if (seen != ix.size()) return fmt::format("arena {}: a free index counts {} slices, not {}", index_, ix.size(), seen);
+    return {};
+  };
+  if (auto p = check_index(untagged_, queue::none); !p.empty()) return p;
+  for (const auto& l : tags_) {
+    if (auto p = check_index(l.free, l.tag); !p.empty()) return p;
   }
   for (std::uint64_t g = 0; g < granules_.size(); ++g) {
     const granule_state& gs = granules_[g];

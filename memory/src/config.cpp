@@ -110,11 +110,15 @@ std::uint64_t default_address_space(const device_properties& props, std::uint64_
 // Mappings of at most 32 MiB: few driver calls for big allocations, little memory held by
 // mappings that later slices reuse in part (measured on the traces, see BENCHMARKS.md).
 std::uint64_t default_chunk(std::uint64_t granule) { return std::max(granule, align_up(32 * mib, granule)); }
+// Where the arena grows, mappings of up to 256 MiB: a mapping costs the driver about the same up to
+// 128 MiB and more, and the budget of mapped memory (see arena_pool_config) bounds what they hold.
+std::uint64_t default_grow(std::uint64_t chunk) { return std::max(chunk, align_up(256 * mib, chunk)); }
 
 pool_options arena_pool(const device_properties& props) {
   const std::uint64_t granule = align_up(props.map_granularity, std::max<std::uint64_t>(props.alignment, 1));
-  return pool_options{pool_kind::arena, granule,      no_size_limit,         default_address_space(props, granule),
-                      std::nullopt,     std::nullopt, default_chunk(granule)};
+  const std::uint64_t chunk = default_chunk(granule);
+  return pool_options{pool_kind::arena, granule,      no_size_limit, default_address_space(props, granule),
+                      std::nullopt,     std::nullopt, chunk,         default_grow(chunk)};
 }
 
 std::string size_text(std::uint64_t n) {
@@ -162,8 +166,9 @@ result<arena_pool_config> parse_arena(std::string_view keys) {
     if (key == "space") field = &a.address_space;
     if (key == "slack") field = &a.slack;
     if (key == "chunk") field = &a.chunk;
+    if (key == "grow") field = &a.grow;
     if (field == nullptr) {
-      return malformed_layout(kv, "unknown key for an arena (use granule, chunk, max, space, slack)");
+      return malformed_layout(kv, "unknown key for an arena (use granule, chunk, max, space, slack, grow)");
     }
     auto size = parse_size(trim(kv.substr(eq + 1)));
     if (!size) return std::move(size).err();
@@ -219,7 +224,8 @@ result<std::vector<pool_options>> resolve_layout(const memory_layout& layout, co
                                    {"max_alloc_size", a->max_alloc_size},
                                    {"address_space", a->address_space},
                                    {"chunk", a->chunk},
-                                   {"slack", a->slack}})) {
+                                   {"slack", a->slack},
+                                   {"grow", a->grow}})) {
         return std::move(*e);
       }
       if (a->granule && *a->granule == 0) return layout_error(errc::zero_size, i, "granule");
@@ -239,7 +245,14 @@ result<std::vector<pool_options>> resolve_layout(const memory_layout& layout, co
       }
       if (a->chunk && *a->chunk == 0) return layout_error(errc::zero_size, i, "chunk");
       const std::uint64_t chunk = a->chunk ? align_up(*a->chunk, granule) : default_chunk(granule);
-      out.push_back(pool_options{pool_kind::arena, granule, max, space, std::nullopt, a->slack, chunk});
+      // grow=0 turns the growth policy off; without the key it is on.
+      std::optional<std::uint64_t> grow;
+      if (!a->grow) {
+        grow = default_grow(chunk);
+      } else if (*a->grow != 0) {
+        grow = std::max(chunk, align_up(*a->grow, chunk));
+      }
+      out.push_back(pool_options{pool_kind::arena, granule, max, space, std::nullopt, a->slack, chunk, grow});
       continue;
     }
     const auto& s = std::get<sliced_pool_config>(list[i]);
@@ -480,6 +493,7 @@ std::string to_string(const memory_layout& layout) {
       key("max", a->max_alloc_size);
       key("space", a->address_space);
       key("slack", a->slack);
+      key("grow", a->grow);
       out += "arena" + keys;
     } else {
       const auto& s = std::get<sliced_pool_config>(pc);

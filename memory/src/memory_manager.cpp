@@ -75,6 +75,7 @@ memory_manager::~memory_manager() {
 
 void memory_manager::build_pools(const std::vector<pool_options>& layout) {
   pools_.clear();
+  only_arena_ = nullptr;
   pools_.reserve(layout.size());
   const std::uint64_t align = store_.alignment();
   for (std::size_t i = 0; i < layout.size(); ++i) {
@@ -85,16 +86,29 @@ void memory_manager::build_pools(const std::vector<pool_options>& layout) {
       case pool_kind::arena: pools_.emplace_back(std::make_unique<arena_pool>(layout[i], align, index)); break;
     }
   }
+  if (pools_.size() == 1) {
+    if (auto* a = std::get_if<std::unique_ptr<arena_pool>>(&pools_.front())) only_arena_ = a->get();
+  }
 }
 
 void memory_manager::release_pools() {
   for (auto& p : pools_) visit_pool(p, [&](auto& pool) { pool.release_all(ctx_); });
   pools_.clear();
+  only_arena_ = nullptr;
 }
 
 void memory_manager::release_one(detail::descriptor* d) {
   constexpr std::uint64_t queue_ref = detail::descriptor::queued_bit | detail::descriptor::one_ref;
-  const std::uint64_t now = d->state.fetch_sub(queue_ref, std::memory_order_acq_rel) - queue_ref;
+  constexpr std::uint64_t queue_and_slice = detail::descriptor::attached_bit | queue_ref | detail::descriptor::one_ref;
+  std::uint64_t now = d->state.load(std::memory_order_acquire);
+  if (now == queue_and_slice) {
+    // Only the queue's reference and the slice's are left: no other thread holds the descriptor,
+    // so none can change its state, and a plain store drops the queue's reference.
+    now -= queue_ref;
+    d->state.store(now, std::memory_order_relaxed);
+  } else {
+    now = d->state.fetch_sub(queue_ref, std::memory_order_acq_rel) - queue_ref;
+  }
   if ((now & detail::descriptor::attached_bit) == 0) {
     // Detached while queued (bind replaced it, or its pool was released): drop the queue's
     // reference only.
@@ -163,8 +177,22 @@ void memory_manager::harvest() {
 void memory_manager::publish(detail::descriptor* d, std::uint64_t size, queue_id q) {
   d->stream = q;
   void* ptr = nullptr;
+  arena_pool* arena = nullptr;
+  if (d->loc.pool != location::persistent_pool) {
+    if (auto* a = std::get_if<std::unique_ptr<arena_pool>>(&pools_[d->loc.pool])) {
+      arena = a->get();
+      // An arena's addresses are its range's base plus the offset: no lookup in the storage.
+      if (arena->address_of(d->loc.slice, ptr)) {
+        d->place(ptr, size);
+        return;
+      }
+    }
+  }
   if (auto v = find(d)) {
-    if (auto r = store_.get(v->storage)) ptr = r->ptr;
+    if (auto r = store_.get(v->storage)) {
+      ptr = r->ptr;
+      if (arena != nullptr) arena->learn_base(d->loc.slice, ptr);
+    }
   }
   d->place(ptr, size);
 }
@@ -199,6 +227,7 @@ result<void> memory_manager::end_batch() {
 }
 
 void memory_manager::process_releases() {
+  if (queue_.empty()) return;  // a plain load: no exchange when nothing was dropped
   detail::descriptor* d = queue_.take_all();
   while (d != nullptr) {
     detail::descriptor* next = d->next_released;
@@ -207,10 +236,10 @@ void memory_manager::process_releases() {
   }
 }
 
-result<memory_handle> memory_manager::reserve_persistent(std::uint64_t size) {
+result<detail::descriptor*> memory_manager::reserve_persistent(std::uint64_t size) {
   if (detail::descriptor* d = persistent_.try_reserve(ctx_, size)) {
     ++stats_.reserves;
-    return memory_handle::adopt(d);
+    return d;
   }
   auto r = persistent_.alloc(ctx_, size);
   if (!r) {
@@ -218,10 +247,29 @@ result<memory_handle> memory_manager::reserve_persistent(std::uint64_t size) {
     return std::move(r).err();
   }
   ++stats_.reserves;
-  return memory_handle::adopt(*r);
+  return *r;
 }
 
 result<memory_handle> memory_manager::reserve(std::uint64_t size, queue_id q) {
+  auto r = reserve_raw(size, q);
+  if (!r) return std::move(r).err();
+  return memory_handle::adopt(*r);
+}
+
+result<void> memory_manager::reserve_into(std::uint64_t size, const memory_handle& handle, queue_id q) {
+  detail::descriptor* d = handle.raw();
+  if (d == nullptr) return error::make(errc::invalid_argument, "the handle to reserve into is empty");
+  if (d->loc.init || (d->state.load(std::memory_order_acquire) & detail::descriptor::attached_bit) != 0) {
+    return error::make(errc::already_bound, "the handle to reserve into already has memory");
+  }
+  ctx_.into = d;
+  auto r = reserve_raw(size, q);
+  ctx_.into = nullptr;  // not consumed when the reserve failed
+  if (!r) return std::move(r).err();
+  return {};
+}
+
+result<detail::descriptor*> memory_manager::reserve_raw(std::uint64_t size, queue_id q) {
   if (q == queue::none) q = queue::device;
   process_releases();
   if (order_.ordered()) {
@@ -239,11 +287,11 @@ result<memory_handle> memory_manager::reserve(std::uint64_t size, queue_id q) {
     harvest();
     r = reserve_on(size);
   }
-  if (r) publish(r->raw(), size, q);
+  if (r) publish(*r, size, q);
   return r;
 }
 
-result<memory_handle> memory_manager::reserve_on(std::uint64_t size) {
+result<detail::descriptor*> memory_manager::reserve_on(std::uint64_t size) {
   const std::uint64_t limit = props_.capacity != 0 ? props_.capacity : max_reserve_size;
   if (size > limit) {
     // Also keeps every size far from overflow when it is rounded to the alignment.
@@ -254,12 +302,22 @@ result<memory_handle> memory_manager::reserve_on(std::uint64_t size) {
     return e;
   }
   ++reserve_count_;
+  const bool persistent_mode = mode_ == allocation_mode::persistent;
+  const bool size_match = opts_.policy == persistent_policy::size_match;
+  if (only_arena_ != nullptr && !persistent_mode && !size_match && only_arena_->accept(size)) {
+    // The default layout on mapping devices: one arena, whose tick does nothing.
+    auto r = only_arena_->alloc(ctx_, size);
+    if (!r) {
+      ++stats_.failed_reserves;
+      return std::move(r).err();
+    }
+    ++stats_.reserves;
+    return *r;
+  }
   if (!capture_) {
     for (auto& p : pools_) visit_pool(p, [&](auto& pool) { pool.tick(ctx_, reserve_count_); });
   }
 
-  const bool persistent_mode = mode_ == allocation_mode::persistent;
-  const bool size_match = opts_.policy == persistent_policy::size_match;
   if (persistent_mode || (size_match && persistent_.has_size(size))) return reserve_persistent(size);
 
   for (auto& p : pools_) {
@@ -275,7 +333,7 @@ result<memory_handle> memory_manager::reserve_on(std::uint64_t size) {
       return std::move(*r).err();
     }
     ++stats_.reserves;
-    return memory_handle::adopt(**r);
+    return **r;
   }
   ++stats_.failed_reserves;
   error e = error::make(errc::buffer_too_big);
@@ -519,7 +577,7 @@ std::vector<pool_config> memory_manager::layout_to_configs() const {
         out.emplace_back(arena_pool_config{
             o.page_size,
             o.max_alloc_size == no_size_limit ? std::nullopt : std::optional<std::uint64_t>(o.max_alloc_size),
-            o.max_pool_size, o.chunk, o.slack});
+            o.max_pool_size, o.chunk, o.slack, o.grow});
         break;
     }
   }

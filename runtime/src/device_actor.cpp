@@ -34,12 +34,17 @@ result<memory::memory_handle> actor_core::reserve(std::uint64_t size, memory::qu
 }
 
 void actor_core::create(std::uint64_t size, const memory::memory_handle& handle, memory::queue_id q) {
-  auto r = reserve(size, q);
-  if (r) {
-    auto b = manager_->bind(std::move(*r), handle);
-    if (b) return;
-    r = std::move(b).err();
+  // Straight into the client's handle: no second descriptor, no bind.
+  auto r = manager_->reserve_into(size, handle, q);
+  if (!r && r.code() == errc::out_of_memory) {
+    SPDLOG_LOGGER_INFO(log_, "[{}] out of memory reserving {} bytes; reclaiming and retrying once", info_.name, size);
+    if (auto c = manager_->reclaim(); !c) {
+      r = std::move(c).err();
+    } else {
+      r = manager_->reserve_into(size, handle, q);
+    }
   }
+  if (r) return;
   SPDLOG_LOGGER_INFO(log_, "[{}] create({}) failed: {}", info_.name, size, r.err().message());
   handle.raw()->failure = std::make_unique<const error>(std::move(r).err());
 }

@@ -1452,4 +1452,34 @@ TEST(RefDevrt, FailedFlushIsReportedAndRetried) {
   EXPECT_EQ(m->check_invariants(), "");
 }
 
+TEST(RefDevrt, ReserveIntoPlacesTheMemoryInTheCallersHandle) {
+  for (int k = 0; k < 2; ++k) {
+    auto m = k == 0 ? make_sim(one_sliced(4096)) : make_host(preset::automatic);
+    memory_handle h = memory_handle::make();
+    memory_handle copy = h;  // a queued message's copy, as create() keeps one
+    ASSERT_TRUE(m->reserve_into(100, h));
+    EXPECT_EQ(h.size(), 100u);
+    EXPECT_EQ(m->get_storage(h)->size, 100u);
+    EXPECT_EQ(m->usage().number_allocs, 1u);
+    EXPECT_EQ(h.use_count(), 2u);
+    EXPECT_EQ(m->check_invariants(), "");
+    // Errors: the handle has memory now, an empty handle.
+    EXPECT_EQ(m->reserve_into(100, h).code(), errc::already_bound);
+    EXPECT_EQ(m->reserve_into(100, memory_handle{}).code(), errc::invalid_argument);
+    EXPECT_EQ(m->usage().number_allocs, 1u);
+    // A failed reserve leaves the handle without memory, and the next reserve gets a fresh one.
+    const memory_handle big = memory_handle::make();
+    EXPECT_FALSE(m->reserve_into(memory_manager::max_reserve_size + 1, big));
+    EXPECT_FALSE(m->get_storage(big));
+    memory_handle plain = take(m->reserve(64));
+    EXPECT_NE(plain.raw(), big.raw());
+    plain.reset();
+    copy.reset();
+    EXPECT_EQ(m->usage().number_allocs, 1u);
+    h.reset();
+    EXPECT_EQ(m->usage().number_allocs, 0u);
+    EXPECT_EQ(m->check_invariants(), "");
+  }
+}
+
 }  // namespace

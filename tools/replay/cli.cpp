@@ -127,6 +127,25 @@ std::string baseline_text(baseline_kind b) {
                                          : "cudaMallocAsync/cudaFreeAsync on one stream, release threshold UINT64_MAX";
 }
 
+/// devrt's calls to the driver, from its statistics: every mapping of an arena is one physical
+/// allocation (cuMemCreate), one cuMemMap and one cuMemSetAccess; every unmap one cuMemUnmap and
+/// one cuMemRelease (a mapping revived at the bounds of a pending unmap may reuse its allocation,
+/// so these are upper bounds); pages of the other pools are one allocation and one free each.
+struct driver_calls {
+  std::uint64_t creates = 0, maps = 0, access = 0, unmaps = 0, releases = 0, page_allocs = 0, page_frees = 0;
+  [[nodiscard]] std::uint64_t total() const noexcept {
+    return creates + maps + access + unmaps + releases + page_allocs + page_frees;
+  }
+};
+driver_calls driver_calls_of(const replay_result& r) {
+  return driver_calls{r.maps, r.maps, r.maps, r.unmaps, r.unmaps, r.driver_allocs, r.driver_frees};
+}
+/// The fewest mappings of the default chunk (32 MiB) that hold the peak of live bytes.
+constexpr std::uint64_t min_mapping_size = std::uint64_t{32} << 20;
+std::uint64_t min_mappings(const replay_result& r) {
+  return (r.peak_live_bytes + min_mapping_size - 1) / min_mapping_size;
+}
+
 /// The figures of one run as JSON fields (no braces).
 std::string run_json(const replay_result& r, const std::string& layout) {
   std::string j;
@@ -155,6 +174,16 @@ std::string run_json(const replay_result& r, const std::string& layout) {
   field("reserved_at_end_bytes", std::to_string(r.reserved_at_end));
   field("driver_allocs", std::to_string(r.driver_allocs));
   field("driver_frees", std::to_string(r.driver_frees));
+  field("maps", std::to_string(r.maps));
+  field("unmaps", std::to_string(r.unmaps));
+  if (r.allocator == "devrt") {
+    const driver_calls c = driver_calls_of(r);
+    field("driver_calls",
+          fmt::format("{{\"physical_creates\": {}, \"maps\": {}, \"access_calls\": {}, \"unmaps\": {}, "
+                      "\"releases\": {}, \"page_allocs\": {}, \"page_frees\": {}, \"total\": {}}}",
+                      c.creates, c.maps, c.access, c.unmaps, c.releases, c.page_allocs, c.page_frees, c.total()));
+    field("min_mappings", std::to_string(min_mappings(r)));
+  }
   field("failures", std::to_string(r.failures));
   field("first_failure", json_string(r.first_failure));
   field("stopped", r.stopped ? "true" : "false");
@@ -215,15 +244,32 @@ int run_compare(const cli_options& o, const trace& t, std::uint64_t trace_events
                 : fmt::format("{} events", group_digits(t.events.size())),
         t.skipped != 0 ? fmt::format(", {} allocate failures skipped", t.skipped) : "");
     out << fmt::format("device         {}\n", rows.front().r.device);
-    out << fmt::format("{:<28} {:>11} {:>10} {:>11} {:>14} {:>7} {:>21} {:>8}\n", "allocator", "events", "ns/event",
-                       "peak live", "peak reserved", "ratio", "driver allocs/frees", "failures");
+    out << fmt::format("{:<28} {:>11} {:>10} {:>11} {:>14} {:>7} {:>24} {:>8}\n", "allocator", "events", "ns/event",
+                       "peak live", "peak reserved", "ratio", "driver calls", "failures");
     for (const row& w : rows) {
       const replay_result& r = w.r;
-      out << fmt::format("{:<28} {:>11} {:>10.1f} {:>11} {:>14} {:>7.3f} {:>21} {:>8}\n", w.name,
+      // devrt maps memory (its allocs/frees are pages of other pools); the baselines allocate.
+      const std::string calls =
+          r.allocator == "devrt"
+              ? fmt::format("{} maps / {} unmaps", group_digits(r.maps), group_digits(r.unmaps))
+              : fmt::format("{} allocs / {} frees", group_digits(r.driver_allocs), group_digits(r.driver_frees));
+      out << fmt::format("{:<28} {:>11} {:>10.1f} {:>11} {:>14} {:>7.3f} {:>24} {:>8}\n", w.name,
                          group_digits(r.events), r.ns_per_event, gib_text(r.peak_live_bytes),
-                         gib_text(r.peak_reserved_bytes), r.ratio,
-                         fmt::format("{} / {}", group_digits(r.driver_allocs), group_digits(r.driver_frees)),
-                         group_digits(r.failures));
+                         gib_text(r.peak_reserved_bytes), r.ratio, calls, group_digits(r.failures));
+    }
+    for (const row& w : rows) {
+      if (w.r.allocator != "devrt") continue;
+      const driver_calls c = driver_calls_of(w.r);
+      out << fmt::format(
+          "devrt's driver calls: {} physical creates, {} maps, {} access calls, {} unmaps, {} releases{} ({} in all); "
+          "the peak live bytes need at least {} mappings of 32 MiB\n",
+          group_digits(c.creates), group_digits(c.maps), group_digits(c.access), group_digits(c.unmaps),
+          group_digits(c.releases),
+          c.page_allocs + c.page_frees != 0
+              ? fmt::format(", {} page allocations, {} page frees", group_digits(c.page_allocs),
+                            group_digits(c.page_frees))
+              : std::string(),
+          group_digits(c.total()), group_digits(min_mappings(w.r)));
     }
     out << "peak reserved: devrt from its statistics; cudaMallocAsync from cudaMemPoolAttrReservedMemHigh; "
            "cudaMalloc from cudaMemGetInfo samples (device-wide)\n";

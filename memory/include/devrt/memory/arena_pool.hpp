@@ -16,6 +16,14 @@
 // repeated work (a training step, a request) maps nothing once warm. With a `slack`, free
 // mappings beyond it are unmapped as soon as they are freed; an explicit cleanup unmaps them all.
 //
+// The growth policy (`grow`, on by default) cuts the driver calls of a workload whose footprint
+// grows: free mappings stay mapped while the memory mapped stays within a budget of 1.04 times the
+// peak of live bytes, and only what would pass it is unmapped, largest mappings first. Where the
+// arena grows (a slice placed at the start of the range's free end), the mapping reaches past the
+// slice, in a unit of a power of two of granules up to 1/32 of the memory mapped (at most
+// `grow`), as far as 1.01 times the peak of live bytes allows; and a run of fewer than 4 granules
+// keeps its last granule rather than mapping it apart.
+//
 // Stream order (see stream_order.hpp): with several streams, a slice freed on its own stream
 // stays free *for that stream only* (tagged with it) until the stream's fence for its epoch has
 // passed; a reserve on that stream may take it at once, any other waits. Tagged free slices merge
@@ -24,14 +32,15 @@
 // into slices free for all (merging them with their neighbours); a reserve that would map new
 // memory harvests first.
 //
-// Costs: best fit through an intrusive tree (O(log free slices)); per reserve and free, constant
-// work per mapping the slice overlaps (one or two for most slices); granule by granule only where
-// memory is mapped or unmapped, next to a driver call. No scan of the slices, granules or mappings.
+// Costs: best fit through size classes with bitmaps (size_class_index.hpp: constant time, exact
+// best fit while a class holds at most 16 free slices), one index for the free slices and one per
+// stream for its tagged ones; per reserve and free, constant work per mapping the slice overlaps
+// (one or two for most slices); granule by granule only where memory is mapped or unmapped, next
+// to a driver call. No scan of the slices, granules or mappings.
 //
 // Owner: the memory manager; every call comes from its owner thread.
 #pragma once
 
-#include <boost/intrusive/set.hpp>
 #include <cstdint>
 #include <deque>
 #include <string>
@@ -39,6 +48,7 @@
 
 #include "devrt/memory/config.hpp"
 #include "devrt/memory/pool_context.hpp"
+#include "devrt/memory/size_class_index.hpp"
 #include "devrt/memory/slot_table.hpp"
 
 namespace devrt::memory {
@@ -68,6 +78,19 @@ class arena_pool {
   /// Free slices kept for one stream.
   [[nodiscard]] std::size_t tagged_slices() const noexcept { return tagged_; }
   [[nodiscard]] result<slice_view> find(const detail::descriptor* d) const;
+  /// The address of the live slice at `slot` without asking the storage, once `learn_base` has
+  /// seen one resolved address of the range (a range's addresses are contiguous); false before.
+  [[nodiscard]] bool address_of(std::uint32_t slot, void*& ptr) const noexcept {
+    if (!base_known_) return false;
+    ptr = base_ == 0 ? nullptr : reinterpret_cast<void*>(base_ + slots_[slot].offset);  // NOLINT
+    return true;
+  }
+  /// Remembers the range's base from the address the storage resolved for the slice at `slot`
+  /// (nullptr on devices without memory, such as the simulated one: every address is then null).
+  void learn_base(std::uint32_t slot, void* ptr) noexcept {
+    base_ = ptr == nullptr ? 0 : reinterpret_cast<std::uintptr_t>(ptr) - slots_[slot].offset;  // NOLINT
+    base_known_ = true;
+  }
   result<void> bind(pool_context& ctx, detail::descriptor* reserved, detail::descriptor* assigned,
                     std::uint64_t cursor);
   /// Nothing periodic: granules are released as they become free.
@@ -92,11 +115,11 @@ class arena_pool {
 
  private:
   static constexpr std::uint32_t npos = 0xffffffffU;
-  using tree_hook = boost::intrusive::set_base_hook<boost::intrusive::optimize_size<true>>;
-  // A slice of the range. Free slices are in the tree and have no descriptor.
-  // Invariants: a free slice with a tag is on its stream's tag list (in epoch order) and counts on
-  // its mappings like a live slice; adjacent free slices always differ in tag.
-  struct slice_node : tree_hook {
+  // A slice of the range. Free slices are in a free index (`untagged_`, or their stream's) and
+  // have no descriptor.
+  // Invariants: a free slice with a tag is on its stream's tag list (in epoch order) and in its
+  // index, and counts on its mappings like a live slice; adjacent free slices always differ in tag.
+  struct slice_node {
     std::uint64_t offset = 0;
     std::uint64_t extent = 0;
     std::uint64_t size = 0;
@@ -109,36 +132,19 @@ class arena_pool {
     std::uint32_t next = npos;
     std::uint32_t tag_prev = npos;  // neighbours on the tag list
     std::uint32_t tag_next = npos;
+    std::uint32_t bin_prev = npos;  // neighbours in the free index's size class
+    std::uint32_t bin_next = npos;
     bool free = true;
+    bool indexed = false;  // in a free index
     bool in_use_slot = false;
   };
-  // Free slices ordered by tag (untagged first), then best fit.
-  struct by_fit {
-    bool operator()(const slice_node& a, const slice_node& b) const noexcept {
-      if (a.tag != b.tag) return a.tag < b.tag;
-      if (a.extent != b.extent) return a.extent < b.extent;
-      return a.offset < b.offset;
-    }
-  };
-  struct extent_key {
-    queue_id tag;
-    std::uint64_t extent;
-  };
-  struct key_fit {
-    bool operator()(const slice_node& a, const extent_key& k) const noexcept {
-      return a.tag != k.tag ? a.tag < k.tag : a.extent < k.extent;
-    }
-    bool operator()(const extent_key& k, const slice_node& a) const noexcept {
-      return k.tag != a.tag ? k.tag < a.tag : k.extent < a.extent;
-    }
-  };
-  // The tagged free slices of one stream, oldest epoch first.
+  // The tagged free slices of one stream: oldest epoch first on the list, by size in the index.
   struct tag_list {
     queue_id tag = queue::none;
     std::uint32_t head = npos;
     std::uint32_t tail = npos;
+    size_class_index free;
   };
-  using free_tree = boost::intrusive::multiset<slice_node, boost::intrusive::compare<by_fit>>;
   // A granule: the mapping that holds its memory.
   struct granule_state {
     std::uint32_t mapping = npos;
@@ -161,16 +167,33 @@ class arena_pool {
   };
 
   result<void> reserve_range(pool_context& ctx);
-  /// The best fitting free slice for a reserve on `tag` (its own tagged slices or untagged ones).
-  slice_node* best_fit(std::uint64_t extent, queue_id tag);
-  /// Takes `extent` bytes of the free slice `s` (tagged or not) for a new live slice.
-  slice_node& take(pool_context& ctx, slice_node& s, std::uint64_t extent, std::uint64_t size);
+  /// The best fitting free slice for a reserve on `tag` (its own tagged slices or untagged ones),
+  /// or npos.
+  std::uint32_t best_fit(std::uint64_t extent, queue_id tag);
+  /// Takes `extent` bytes of the free slice `slot` (tagged or not) for a new live slice; returns
+  /// its descriptor.
+  detail::descriptor* take(pool_context& ctx, std::uint32_t slot, std::uint64_t extent, std::uint64_t size);
+  /// Gives the new live slice `self` its descriptor and counts it.
+  detail::descriptor* place(pool_context& ctx, std::uint32_t self, std::uint64_t size);
+  /// Frees the untagged slot `slot` (not in an index) into the index, merged with its untagged
+  /// free neighbours; returns the surviving slot.
+  std::uint32_t merge_into_index(std::uint32_t slot);
+  /// Sets the extent of the indexed free slice `slot`, moving it in the index if its class changes.
+  void resize_free(std::uint32_t slot, std::uint64_t extent);
+  /// Puts a free slice into (takes it out of) the index of its tag.
+  void index_insert(std::uint32_t slot);
+  void index_erase(std::uint32_t slot);
+  [[nodiscard]] std::size_t indexed_count() const noexcept;
+  [[nodiscard]] std::uint64_t granule_of(std::uint64_t offset) const noexcept {
+    return granule_shift_ != 0 ? offset >> granule_shift_ : offset / granule_;
+  }
   /// Merges free slot `slot` with its free neighbours of the same tag (out of the tree and the tag
   /// lists, mappings no longer counted for tagged ones); returns the surviving slot.
   std::uint32_t merge_free(std::uint32_t slot);
   /// Frees the tagged slice `slot` for every stream.
   void untag(pool_context& ctx, std::uint32_t slot);
   tag_list& list_of(queue_id tag);
+  tag_list* find_list(queue_id tag) noexcept;
   void tag_append(std::uint32_t slot);
   void tag_insert_after(std::uint32_t at, std::uint32_t slot);
   void tag_unlink(std::uint32_t slot);
@@ -181,8 +204,29 @@ class arena_pool {
   void free_slot(std::uint32_t slot);
   /// Maps the granules of [first, last] that have no memory, as mappings (see above). On failure
   /// nothing this call mapped is left.
-  result<void> map_granules(pool_context& ctx, std::uint64_t first, std::uint64_t last, std::uint64_t slice_end,
-                            std::uint64_t size);
+  result<void> map_granules(pool_context& ctx, std::uint64_t first, std::uint64_t last, bool shared_tail,
+                            std::uint64_t cut, std::uint64_t size);
+  /// Granule states exist for the first `count` granules.
+  void cover_granules(std::uint64_t count) {
+    if (count > granules_.size()) grow_granules(count);
+  }
+  void grow_granules(std::uint64_t count);
+  /// Granules of [first, last] without memory (ghosts included).
+  [[nodiscard]] std::uint64_t count_missing(std::uint64_t first, std::uint64_t last) const noexcept;
+  /// `grow`: granules the memory mapped may reach with a new live slice of `size` bytes
+  /// (`per_mille` / 1000 of the peak of live bytes), and the mapping unit where the arena grows
+  /// (a power of two of granules within 1/grow_share of the memory mapped, up to `grow`).
+  [[nodiscard]] std::uint64_t budget_granules(std::uint64_t size, std::uint64_t per_mille) const noexcept;
+  [[nodiscard]] std::uint64_t grow_unit() const noexcept;
+  // Measured on the six traces (BENCHMARKS.md): free memory stays mapped within 1.04 times the
+  // peak of live bytes, mapping ahead stops at 1.01 times it, a mapping ahead is at most 1/32 of
+  // the memory mapped, and a run of fewer than 4 granules keeps its last granule.
+  static constexpr std::uint64_t budget_per_mille = 1040;
+  static constexpr std::uint64_t ahead_per_mille = 1010;
+  static constexpr std::uint64_t grow_share = 32;
+  static constexpr std::uint64_t short_run = 4;
+  /// Unmaps free mappings, largest first, until at most `limit` granules are mapped or none is free.
+  void evict_to(pool_context& ctx, std::uint64_t limit);
   result<void> map_run(pool_context& ctx, std::uint64_t first, std::uint64_t count);
   /// Maps a ghost mapping again, with its bounds.
   result<void> revive(pool_context& ctx, std::uint32_t m);
@@ -204,10 +248,16 @@ class arena_pool {
   std::uint64_t space_;
   std::uint64_t max_alloc_;
   std::uint64_t chunk_;  // granules: mappings end at multiples of it
+  std::uint64_t grow_ = 0;       // granules: the largest mapping where the arena grows (0: no growth policy)
+  std::uint64_t peak_live_ = 0;  // the peak of bytes in use
+  std::uint32_t tail_ = npos;    // the last slice of the range (its free end, unless full)
   std::uint8_t index_;
   storage_id range_ = 0;
-  slot_table<slice_node> slots_;
-  free_tree tree_;
+  std::uintptr_t base_ = 0;  // the range's first address (0: the device gives none)
+  bool base_known_ = false;
+  unsigned granule_shift_ = 0;  // log2 of the granule when it is a power of two (0: divide)
+  slot_table<slice_node, std::vector<slice_node>> slots_;  // nothing holds a node across an acquire
+  size_class_index untagged_;  // the free slices free for every stream
   std::vector<granule_state> granules_;
   slot_table<mapping_state, std::vector<mapping_state>> mappings_;  // indexed on every reserve
   std::uint32_t oldest_free_ = npos;

@@ -49,6 +49,14 @@ struct arena_pool_config {
   /// Free bytes kept mapped at most; default: free memory stays mapped until memory is needed
   /// elsewhere in the arena (the memory held never exceeds the peak the allocations touched).
   std::optional<std::uint64_t> slack;
+  /// Largest mapping where the arena grows (a multiple of the chunk). When set, mappings at the
+  /// growing end are made in units that grow with the memory mapped (from the chunk up to this),
+  /// reaching past the slice into the free end of the arena, and free memory stays mapped while
+  /// the memory mapped stays within 1.04 times the peak of live bytes (largest free mappings are
+  /// unmapped first to stay inside it). Default: 256 MiB (at least the chunk); 0 turns it off:
+  /// mappings of at most a chunk, under the slices only, and free memory unmapped, oldest first,
+  /// as soon as memory is mapped elsewhere.
+  std::optional<std::uint64_t> grow;
   friend bool operator==(const arena_pool_config&, const arena_pool_config&) = default;
 };
 
@@ -82,6 +90,7 @@ struct pool_options {
   std::optional<std::uint64_t> dealloc_period;
   std::optional<std::uint64_t> slack;  ///< arena: free bytes kept mapped at most (default: see arena_pool_config)
   std::optional<std::uint64_t> chunk;  ///< arena: largest mapping, a multiple of the granule
+  std::optional<std::uint64_t> grow;   ///< arena: largest mapping where it grows (see arena_pool_config)
   friend bool operator==(const pool_options&, const pool_options&) = default;
 };
 
@@ -117,7 +126,7 @@ std::string format_bytes(std::uint64_t bytes);
 
 /// Parses a layout string:
 ///   "auto" | "sub-slices" | "exclusive-pages" | "arena"     a preset
-///   "arena:granule=2MiB,chunk=32MiB,max=1GiB,space=256GiB,slack=64MiB"   an arena (keys optional)
+///   "arena:granule=2MiB,chunk=32MiB,max=1GiB,space=256GiB,slack=64MiB,grow=256MiB"   an arena (keys optional)
 ///   "sliced:page=64MiB,slice=8MiB,cap=1GiB,period=1000;exclusive:max=1MiB,period=5000"
 /// Pools are separated by ';' and routed in that order. Error: malformed_layout, malformed_size.
 /// The result is not validated yet: pass it to resolve_layout.

@@ -76,6 +76,10 @@ class memory_manager {
   /// out again at once; memory freed on other streams only once their fences have passed. On
   /// devices without queues it is only remembered.
   result<memory_handle> reserve(std::uint64_t size, queue_id q = queue::device);
+  /// The same, placing the memory straight into `handle` (a fresh identity from
+  /// `memory_handle::make()`), as `reserve` then `bind` would, without a second descriptor.
+  /// Errors: those of reserve, invalid_argument (empty handle), already_bound (it has memory).
+  result<void> reserve_into(std::uint64_t size, const memory_handle& handle, queue_id q = queue::device);
 
   /// Marks the memory of `h` as used on stream `q` as well: when it is freed, it is reused (by any
   /// stream) or returned only after the work queued on `q` and on its own stream. Errors:
@@ -176,8 +180,9 @@ class memory_manager {
   result<slice_view> find(const detail::descriptor* d) const;
   result<resource> resolve(const detail::descriptor* d, std::optional<std::uint64_t> offset_start,
                            std::optional<std::uint64_t> offset_end);
-  result<memory_handle> reserve_persistent(std::uint64_t size);
-  result<memory_handle> reserve_on(std::uint64_t size);
+  result<detail::descriptor*> reserve_raw(std::uint64_t size, queue_id q);
+  result<detail::descriptor*> reserve_persistent(std::uint64_t size);
+  result<detail::descriptor*> reserve_on(std::uint64_t size);
   void release_one(detail::descriptor* d);
   /// Gives a slice back to its pool (the last step of a free).
   void release_to_pool(detail::descriptor* d, queue_id tag);
@@ -198,6 +203,7 @@ class memory_manager {
   pool_context ctx_;
   persistent_pool persistent_;
   std::vector<dynamic_pool> pools_;
+  arena_pool* only_arena_ = nullptr;  // the pool when the layout is a single arena (reserve's fast path)
   allocation_mode mode_ = allocation_mode::automatic;
   std::optional<capture_state> capture_;
   std::uint64_t reserve_count_ = 0;

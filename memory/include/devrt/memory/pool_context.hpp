@@ -27,9 +27,19 @@ struct pool_context {
   /// The stream of the reserve being served when its pool may hand it memory freed on that
   /// stream whose fence has not passed (queue::none: only memory free for every stream).
   queue_id reserve_queue = queue::none;
+  /// The caller's descriptor that the next slice placed gets instead of a fresh one (see
+  /// memory_manager::reserve_into); consumed by attach_new.
+  detail::descriptor* into = nullptr;
 
-  /// Gives a fresh descriptor to a slice at `loc`, with one user handle. Returns it.
+  /// Gives a fresh descriptor to a slice at `loc`, with one user handle, or attaches `into`
+  /// (whose handles the caller holds already). Returns it.
   detail::descriptor* attach_new(const location& loc) {
+    if (into != nullptr) {
+      detail::descriptor* d = into;
+      into = nullptr;
+      attach_existing(d, loc);
+      return d;
+    }
     detail::descriptor* d = detail::descriptor::create();
     d->loc = loc;
     d->queue = &queue;
@@ -45,6 +55,11 @@ struct pool_context {
   }
   /// Detaches a descriptor from its slice; recycles it when nothing else refers to it.
   void detach(detail::descriptor* d) {
+    if (d->state.load(std::memory_order_acquire) == (detail::descriptor::attached_bit | detail::descriptor::one_ref)) {
+      // Only the slice's reference is left: nothing else can reach the descriptor.
+      detail::descriptor::destroy(d);
+      return;
+    }
     const std::uint64_t old =
         d->state.fetch_sub(detail::descriptor::attached_bit | detail::descriptor::one_ref, std::memory_order_acq_rel);
     if (detail::descriptor::total(old) == 1) detail::descriptor::destroy(d);
@@ -106,8 +121,10 @@ struct slice_view {
   std::uint64_t cursor = 0;
 };
 
-/// Rounds `n` up to a multiple of `align` (align >= 1).
+/// Rounds `n` up to a multiple of `align` (align >= 1); a mask, not a divide, for the powers of
+/// two that alignments and granules are in practice.
 constexpr std::uint64_t align_up(std::uint64_t n, std::uint64_t align) noexcept {
+  if ((align & (align - 1)) == 0) return (n + align - 1) & ~(align - 1);
   return (n + align - 1) / align * align;
 }
 /// Bytes a slice of `size` occupies: at least one alignment unit, so every allocation, including
