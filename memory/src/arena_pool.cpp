@@ -336,8 +336,8 @@ result<detail::descriptor*> arena_pool::alloc(pool_context& ctx, std::uint64_t s
           const std::uint64_t unit = grow_unit();
           const std::uint64_t ahead = budget_granules(size, ahead_per_mille);
           const std::uint64_t room = ahead > mapped_ + missing ? ahead - mapped_ - missing : 0;
-          const std::uint64_t end = std::min({(last / unit + 1) * unit, last + 1 + room,
-                                              granule_of(s.offset + s.extent - 1) + 1, space_ / granule_});
+          const std::uint64_t end = std::min(
+              {(last / unit + 1) * unit, last + 1 + room, granule_of(s.offset + s.extent - 1) + 1, space_ / granule_});
           cover_granules(end);
           std::uint64_t e = last + 1;
           while (e < end && granules_[e].mapping == npos) ++e;
@@ -378,8 +378,7 @@ inline void arena_pool::resize_free(std::uint32_t slot, std::uint64_t extent) {
   index_insert(slot);
 }
 
-detail::descriptor* arena_pool::take(pool_context& ctx, std::uint32_t self, std::uint64_t extent,
-                                     std::uint64_t size) {
+detail::descriptor* arena_pool::take(pool_context& ctx, std::uint32_t self, std::uint64_t extent, std::uint64_t size) {
   if (slots_[self].tag == queue::none && slots_[self].extent > extent) {
     // Split off the front of a hole free for all: the hole keeps its node (and its place in the
     // index unless its size class changes), the live slice gets a new one.
@@ -731,14 +730,14 @@ std::string arena_pool::report() const {
   std::uint64_t largest_hole = 0;
   if (const std::uint32_t l = untagged_.largest(slots_); l != npos) largest_hole = slots_[l].extent;
   for (const auto& t : tags_) {
-    if (const std::uint32_t l = t.free.largest(slots_); l != npos) largest_hole = std::max(largest_hole, slots_[l].extent);
+    if (const std::uint32_t l = t.free.largest(slots_); l != npos)
+      largest_hole = std::max(largest_hole, slots_[l].extent);
   }
-  std::string out =
-      fmt::format("arena pool {}: granule {}, address space {}, free memory kept {}", index_, format_bytes(granule_),
-                  format_bytes(space_),
-                  opts_.slack ? "up to " + format_bytes(*opts_.slack)
-                  : grow_ != 0 ? std::string("within 1.04x the peak of live bytes")
-                               : std::string("until needed elsewhere"));
+  std::string out = fmt::format("arena pool {}: granule {}, address space {}, free memory kept {}", index_,
+                                format_bytes(granule_), format_bytes(space_),
+                                opts_.slack  ? "up to " + format_bytes(*opts_.slack)
+                                : grow_ != 0 ? std::string("within 1.04x the peak of live bytes")
+                                             : std::string("until needed elsewhere"));
   if (max_alloc_ < space_) out += fmt::format(", max {}", format_bytes(max_alloc_));
   out += fmt::format(
       "; {} live slices, {} in use, {} mapped ({} granules in {} mappings, {} granules free), {} holes, largest {}\n",
@@ -850,7 +849,8 @@ std::string arena_pool::check_invariants() const {
   const auto check_index = [&](const size_class_index& ix, queue_id tag) -> std::string {
     std::size_t seen = 0;
     for (unsigned c = 0; c < size_class_index::class_count; ++c) {
-      if ((ix.head(c) != npos) != ix.marked(c)) return fmt::format("arena {}: size class {} is marked wrongly", index_, c);
+      if ((ix.head(c) != npos) != ix.marked(c))
+        return fmt::format("arena {}: size class {} is marked wrongly", index_, c);
       std::uint32_t before = npos;
       for (std::uint32_t t = ix.head(c); t != npos; t = slots_[t].bin_next) {
         const slice_node& s = slots_[t];
@@ -862,7 +862,8 @@ std::string arena_pool::check_invariants() const {
         if (++seen > slots_.size()) return fmt::format("arena {}: a free index has a cycle", index_);
       }
     }
-    if (seen != ix.size()) return fmt::format("arena {}: a free index counts {} slices, not {}", index_, ix.size(), seen);
+    if (seen != ix.size())
+      return fmt::format("arena {}: a free index counts {} slices, not {}", index_, ix.size(), seen);
     return {};
   };
   if (auto p = check_index(untagged_, queue::none); !p.empty()) return p;

@@ -14,19 +14,13 @@
 #include "devrt/memory/memory_manager.hpp"
 #include "devrt/runtime/runtime.hpp"
 #include "kernels.hpp"
+#include "require_gpu.hpp"
 
 using namespace devrt;
 using namespace devrt::runtime;
 using memory::memory_handle;
 
 namespace {
-
-#define DEVRT_REQUIRE_GPU()                                                        \
-  do {                                                                             \
-    if (devices::cuda_device_count() == 0) {                                       \
-      GTEST_SKIP() << "CUDA test skipped: " << devices::cuda_unavailable_reason(); \
-    }                                                                              \
-  } while (false)
 
 std::vector<std::byte> bytes_of(std::uint64_t n, unsigned seed) {
   std::vector<std::byte> v(n);

@@ -116,8 +116,8 @@ void spin_then_check(const void* ptr, std::uint64_t bytes, std::uint32_t seed, s
 void spin_then_fill(void* ptr, std::uint64_t bytes, std::uint32_t seed, std::uint64_t microseconds, void* stream) {
   const std::uint64_t words = bytes / 4;
   const unsigned int blocks = blocks_for(words) > 64 ? 64 : blocks_for(words);
-  spin_fill_kernel<<<blocks, 256, 0, static_cast<cudaStream_t>(stream)>>>(static_cast<std::uint32_t*>(ptr), words,
-                                                                          seed, microseconds);
+  spin_fill_kernel<<<blocks, 256, 0, static_cast<cudaStream_t>(stream)>>>(static_cast<std::uint32_t*>(ptr), words, seed,
+                                                                          microseconds);
 }
 
 const char* last_error() {

@@ -17,6 +17,7 @@
 #include "devrt/memory/memory_manager.hpp"
 #include "devrt/runtime/runtime.hpp"
 #include "kernels.hpp"
+#include "require_gpu.hpp"
 
 using namespace devrt;
 using namespace devrt::runtime;
@@ -24,13 +25,6 @@ using memory::memory_handle;
 using memory::stream;
 
 namespace {
-
-#define DEVRT_REQUIRE_GPU()                                                        \
-  do {                                                                             \
-    if (devices::cuda_device_count() == 0) {                                       \
-      GTEST_SKIP() << "CUDA test skipped: " << devices::cuda_unavailable_reason(); \
-    }                                                                              \
-  } while (false)
 
 runtime_options gpu_options(const char* layout = "auto") {
   runtime_options o;

@@ -90,7 +90,7 @@ class textbook_best_fit {
 
  private:
   std::set<std::pair<std::uint64_t, std::uint64_t>> by_size_;  // (extent, address)
-  std::map<std::uint64_t, std::uint64_t> by_address_;           // address -> extent
+  std::map<std::uint64_t, std::uint64_t> by_address_;          // address -> extent
   std::uint64_t top_ = 0;
   std::uint64_t high_ = 0;
 };
@@ -163,8 +163,10 @@ int main(int argc, char** argv) {
   if (!layout) return usage(("bad layout: " + layout.err().message()).c_str());
 
   if (!json) {
-    fmt::print("| trace | devrt ns/event | yardstick ns/event | devrt / yardstick (median of rounds) | peak reserved / peak live | "
-               "yardstick peak / peak live | maps / unmaps |\n|---|---|---|---|---|---|---|\n");
+    fmt::print(
+        "| trace | devrt ns/event | yardstick ns/event | devrt / yardstick (median of rounds) | peak reserved / peak "
+        "live | "
+        "yardstick peak / peak live | maps / unmaps |\n|---|---|---|---|---|---|---|\n");
   }
   for (const std::string& path : paths) {
     auto t = replay::read_trace(path);
@@ -207,8 +209,8 @@ int main(int argc, char** argv) {
           name, rounds, layout_text, d, y, d / y, median(ratios), last.peak_live_bytes, last.peak_reserved_bytes,
           last.ratio, static_cast<double>(yard.high_water) / live, last.maps, last.unmaps, last.failures);
     } else {
-      fmt::print("| {} | {:.1f} | {:.1f} | {:.2f} | {:.3f} | {:.3f} | {} / {} |\n", name, d, y, median(ratios), last.ratio,
-                 static_cast<double>(yard.high_water) / live, last.maps, last.unmaps);
+      fmt::print("| {} | {:.1f} | {:.1f} | {:.2f} | {:.3f} | {:.3f} | {} / {} |\n", name, d, y, median(ratios),
+                 last.ratio, static_cast<double>(yard.high_water) / live, last.maps, last.unmaps);
     }
     std::fflush(stdout);
   }

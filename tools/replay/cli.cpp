@@ -265,10 +265,9 @@ int run_compare(const cli_options& o, const trace& t, std::uint64_t trace_events
           "the peak live bytes need at least {} mappings of 32 MiB\n",
           group_digits(c.creates), group_digits(c.maps), group_digits(c.access), group_digits(c.unmaps),
           group_digits(c.releases),
-          c.page_allocs + c.page_frees != 0
-              ? fmt::format(", {} page allocations, {} page frees", group_digits(c.page_allocs),
-                            group_digits(c.page_frees))
-              : std::string(),
+          c.page_allocs + c.page_frees != 0 ? fmt::format(", {} page allocations, {} page frees",
+                                                          group_digits(c.page_allocs), group_digits(c.page_frees))
+                                            : std::string(),
           group_digits(c.total()), group_digits(min_mappings(w.r)));
     }
     out << "peak reserved: devrt from its statistics; cudaMallocAsync from cudaMemPoolAttrReservedMemHigh; "

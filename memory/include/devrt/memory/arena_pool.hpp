@@ -247,7 +247,7 @@ class arena_pool {
   std::uint64_t granule_;
   std::uint64_t space_;
   std::uint64_t max_alloc_;
-  std::uint64_t chunk_;  // granules: mappings end at multiples of it
+  std::uint64_t chunk_;          // granules: mappings end at multiples of it
   std::uint64_t grow_ = 0;       // granules: the largest mapping where the arena grows (0: no growth policy)
   std::uint64_t peak_live_ = 0;  // the peak of bytes in use
   std::uint32_t tail_ = npos;    // the last slice of the range (its free end, unless full)
@@ -255,9 +255,9 @@ class arena_pool {
   storage_id range_ = 0;
   std::uintptr_t base_ = 0;  // the range's first address (0: the device gives none)
   bool base_known_ = false;
-  unsigned granule_shift_ = 0;  // log2 of the granule when it is a power of two (0: divide)
+  unsigned granule_shift_ = 0;                             // log2 of the granule when it is a power of two (0: divide)
   slot_table<slice_node, std::vector<slice_node>> slots_;  // nothing holds a node across an acquire
-  size_class_index untagged_;  // the free slices free for every stream
+  size_class_index untagged_;                              // the free slices free for every stream
   std::vector<granule_state> granules_;
   slot_table<mapping_state, std::vector<mapping_state>> mappings_;  // indexed on every reserve
   std::uint32_t oldest_free_ = npos;

@@ -139,7 +139,7 @@ class size_class_index {
     return w * 64 + static_cast<unsigned>(std::countr_zero(words_[w]));
   }
 
-  std::vector<std::uint32_t> heads_;  // per class: the first slot of its list (npos: empty)
+  std::vector<std::uint32_t> heads_;               // per class: the first slot of its list (npos: empty)
   std::array<std::uint64_t, word_count> words_{};  // bit c: class c is not empty
   std::uint64_t summary_ = 0;                      // bit w: words_[w] is not zero
   std::size_t size_ = 0;

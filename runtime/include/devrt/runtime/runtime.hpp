@@ -119,9 +119,9 @@ class runtime {
   boost::asio::thread_pool* completions_ = nullptr;  // process-wide, never stopped
   std::chrono::microseconds idle_spin_{0};
   memory::memory_layout cuda_layout_;
-  std::vector<int> cuda_devices_;  // the usable CUDA devices, by CUDA index
+  std::vector<int> cuda_devices_;                // the usable CUDA devices, by CUDA index
   std::map<int, std::vector<int>> peer_access_;  // applied to a CUDA device when it is first used
-  int cuda_visible_ = 0;           // devices the CUDA runtime shows (0 without CUDA)
+  int cuda_visible_ = 0;                         // devices the CUDA runtime shows (0 without CUDA)
   // Guards actors_ and stopped_: CUDA actors are added by `client` from any thread.
   mutable std::mutex mutex_;
   mutable std::vector<std::shared_ptr<device_actor>> actors_;
