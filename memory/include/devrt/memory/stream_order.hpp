@@ -9,8 +9,9 @@
 //
 // How devrt keeps it, per device (one `stream_order` per memory manager):
 //
-// - A *fence* is a ticket of the storage (a pooled CUDA event), recorded once per stream per
-//   batch of frees, never one per free. Frees are numbered by *epoch*: the epoch advances at every
+// - A *fence* is a ticket of the storage (a pooled CUDA event), never one per free: at most one in
+//   flight per stream, recorded at the end of a batch once enough frees are unfenced or when
+//   memory is wanted (see `fence`). Frees are numbered by *epoch*: the epoch advances at every
 //   batch, so a stream's fence of epoch e covers every free on that stream of epoch <= e. Fences
 //   are queried without blocking (after each batch, and when memory is needed); `done(q)` is the
 //   newest epoch whose fence on `q` has passed.
