@@ -3,7 +3,10 @@
 #include <sys/mman.h>
 #include <sys/sysinfo.h>
 
+#include <fmt/format.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <cstring>
 #include <new>
 
@@ -132,8 +135,15 @@ result<memory::storage_handle> host_storage::reserve_range(std::uint64_t size, s
   }
   void* m = ::mmap(nullptr, size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
   if (m == MAP_FAILED) {
+    // No memory was asked for, only address space: the process's address space (a sanitizer's
+    // layout, `ulimit -v`) has no free run this long. A smaller arena space may fit.
+    const int err = errno;
     error e = error::make(errc::out_of_memory, "the system refused the address range");
     e.size = size;
+    e.in_use = allocated_;
+    e.limit = limit_;
+    e.text = fmt::format("mmap of {} bytes of address space: {}; a smaller arena space (`arena:space=`) may fit", size,
+                         std::strerror(err));
     return e;
   }
   const memory::storage_id id = next_id_++;
