@@ -236,7 +236,7 @@ result<void> cuda_storage::flush() {
   if (!pending_.empty() || !requested_unmaps_.empty()) {
     if (auto j = join_users(); !j) return j;
   }
-  if (auto u = record_unmaps(); !u) return u;
+  if (auto u = record_unmaps(true); !u) return u;
   if (!batches_.empty()) {
     if (auto c = complete_unmaps(false); !c) return c;
   }
@@ -704,8 +704,29 @@ void cuda_storage::unmap(memory::storage_id id, std::uint64_t offset, std::uint6
   requested_unmaps_.emplace_back(id, first);
 }
 
-result<void> cuda_storage::record_unmaps() {
+result<void> cuda_storage::record_unmaps(bool users_joined) {
   if (requested_unmaps_.empty() || capturing_) return {};
+  // The device's stream waits for every user's stream first: work queued anywhere before the
+  // unmap that may still touch the memory is ahead of it.
+  if (!users_joined) {
+    if (auto j = join_users(); !j) return j;
+  }
+  // Nothing is left to run on the device's stream, joins included: no queued work can touch the
+  // memory, so it goes back now, without an event (the common case between bursts of work, and
+  // always when no kernel is in flight). The peak then never counts memory that is both on its
+  // way back and mapped anew.
+  if (const cudaError_t q = cudaStreamQuery(as_stream(stream_)); q == cudaSuccess) {
+    for (const auto& [id, k] : requested_unmaps_) {
+      auto it = ranges_.find(id);
+      if (it == ranges_.end() || it->second.units[k].state != unit_state::unmap_requested) continue;
+      release_mapping(it->second, k);
+    }
+    requested_unmaps_.clear();
+    ++idle_releases_;
+    return batches_.empty() ? result<void>{} : complete_unmaps(false);
+  } else if (q != cudaErrorNotReady) {
+    return cuda_error(q, "cudaStreamQuery failed");
+  }
   auto ev = take_event();
   if (!ev) return std::move(ev).err();
   // Behind the device's stream, which has joined every user's stream (see flush).
@@ -739,10 +760,7 @@ void cuda_storage::release_range(memory::storage_id id) {
       unmap(id, k * r.unit_size, r.units[k].count * r.unit_size);
     }
   }
-  if (!requested_unmaps_.empty() && !capturing_) {
-    (void)join_users();
-    (void)record_unmaps();
-  }
+  if (!requested_unmaps_.empty() && !capturing_) (void)record_unmaps();
   dying_ranges_.push_back(id);
   (void)complete_unmaps(false);
 }

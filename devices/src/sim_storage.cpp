@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <iterator>
+#include <optional>
 
 namespace devrt::devices {
 
@@ -67,7 +68,23 @@ std::uint64_t sim_storage::returning_bytes() const noexcept {
       for (const auto& [first, length] : r->second.mappings) n += length * r->second.unit;
     }
   }
+  for (const unmapping& u : unmapping_) n += u.bytes;
   return n;
+}
+
+template <class Pick>
+void sim_storage::give_back_unmaps(Pick pick) {
+  std::size_t kept = 0;
+  for (std::size_t i = 0; i < unmapping_.size(); ++i) {
+    const unmapping u = unmapping_[i];
+    if (pick(u)) {
+      allocated_ -= u.bytes;
+      ++frees_;
+    } else {
+      unmapping_[kept++] = u;
+    }
+  }
+  unmapping_.resize(kept);
 }
 
 result<void> sim_storage::flush() {
@@ -77,12 +94,26 @@ result<void> sim_storage::flush() {
     e.size = pending_.size();
     return e;
   }
+  if (!unmapping_.empty()) {
+    // Nothing left to run on any queue: every unmap goes back now. Otherwise the ones whose ticket
+    // has passed do, and the new ones are recorded behind the device's queue.
+    const bool idle = unpassed_.empty();
+    std::optional<memory::ticket> behind;
+    for (unmapping& u : unmapping_) {
+      if (u.after == 0 && !idle) {
+        if (!behind) behind = mark(memory::queue::device).value();
+        u.after = *behind;
+      }
+    }
+    give_back_unmaps([&](const unmapping& u) { return idle || unpassed_.count(u.after) == 0; });
+  }
   for (const memory::storage_id id : pending_) {
     if (auto r = ranges_.find(id); r != ranges_.end()) {
       for (const auto& [first, length] : r->second.mappings) {
         mapped_ -= length * r->second.unit;
         allocated_ -= length * r->second.unit;
       }
+      give_back_unmaps([&](const unmapping& u) { return u.range == id; });
       ++frees_;
       if (last_range_ == &r->second) last_range_ = nullptr;
       ranges_.erase(r);
@@ -182,6 +213,30 @@ result<void> sim_storage::map(memory::storage_id id, std::uint64_t offset, std::
   if (rg == nullptr) return error::make(errc::not_found, "the simulated address range does not exist");
   if (auto c = check_granules(*rg, offset, size); !c) return c;
   const std::uint64_t u = rg->unit;
+  if (!unmapping_.empty()) {
+    const std::uint64_t first = offset / u;
+    const std::uint64_t count = size / u;
+    // The same bounds again before the unmap took effect: the mapping keeps its memory.
+    for (std::size_t i = 0; i < unmapping_.size(); ++i) {
+      const unmapping& p = unmapping_[i];
+      if (p.range == id && p.first == first && p.length == count) {
+        unmapping_.erase(unmapping_.begin() + static_cast<std::ptrdiff_t>(i));
+        rg->mappings.emplace(first, count);
+        mapped_ += size;
+        return {};
+      }
+    }
+    // Other bounds over memory whose unmap is pending: the queue has to reach it first (a wait).
+    bool overlaps = false;
+    for (const unmapping& p : unmapping_) {
+      overlaps = overlaps || (p.range == id && p.first < first + count && first < p.first + p.length);
+    }
+    if (overlaps) {
+      ++waits_;
+      progress();
+      give_back_unmaps([&](const unmapping& p) { return p.range == id; });
+    }
+  }
   {
     // Overlap with the mapping before (it would end past the start) or after (it would start
     // before the end).
@@ -212,6 +267,12 @@ void sim_storage::unmap(memory::storage_id id, std::uint64_t offset, std::uint64
   auto it = rg->mappings.find(offset / u);
   if (it == rg->mappings.end() || it->second * u != size) {
     ++misuses_;  // not exactly what one map call mapped
+    return;
+  }
+  if (opts_.deferred_unmaps && opts_.queues) {
+    unmapping_.push_back(unmapping{id, it->first, it->second, size, 0});
+    rg->mappings.erase(it);
+    mapped_ -= size;
     return;
   }
   rg->mappings.erase(it);

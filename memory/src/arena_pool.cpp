@@ -348,6 +348,7 @@ result<detail::descriptor*> arena_pool::alloc(pool_context& ctx, std::uint64_t s
           }
         }
       }
+      ctx.push_unmaps();
       if (auto r = map_granules(ctx, first, map_last, shared_tail, cut, size); !r) {
         // The free mappings taken off the list go back on it.
         for (std::uint64_t g = first; g <= last;) {

@@ -231,6 +231,49 @@ TEST(CudaStreams, ARevivedMappingIsReleasedOnlyByItsOwnBatch) {
   s.release_range(range.id);
 }
 
+// An unmap goes back at once when nothing is left to run on the device's stream after it has
+// joined every user's stream, and waits behind an event while a user's stream is still busy with
+// the memory: the busy kernel reads it to the end (memcheck sees no access to unmapped memory).
+TEST(CudaStreams, UnmapsGoBackAtOnceOnlyWhenNoStreamIsBusy) {
+  DEVRT_REQUIRE_GPU();
+  devices::cuda_storage s(0);
+  if (s.properties().map_granularity == 0) GTEST_SKIP() << "no virtual memory management on this GPU";
+  const std::uint64_t g = s.properties().map_granularity;
+  user_stream a;
+  const memory::queue_id qa = stream::native(a.s).id();
+  s.use_queue(qa);
+  mismatch_counter bad;
+  auto range = s.reserve_range(8 * g, g).value();
+
+  // Idle: the memory is back after the flush, without an event.
+  ASSERT_TRUE(s.map(range.id, 0, 2 * g));
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  s.unmap(range.id, 0, 2 * g);
+  EXPECT_EQ(s.returning_bytes(), 2 * g);
+  ASSERT_TRUE(s.flush());
+  EXPECT_EQ(s.returning_bytes(), 0u);
+  EXPECT_EQ(s.mapped_bytes(), 0u);
+  EXPECT_EQ(s.idle_releases(), 1u);
+
+  // Busy: a kernel on the user's stream still reads the memory; the unmap waits for it.
+  ASSERT_TRUE(s.map(range.id, 2 * g, 2 * g));
+  void* const p = s.get(memory::storage_handle{range.id, 2 * g, 2 * g}).value().ptr;
+  test_kernels::fill_pattern(p, 2 * g, 41, a.s);
+  test_kernels::spin_then_check(p, 2 * g, 41, 100'000, bad.d, a.s);  // 100 ms
+  s.unmap(range.id, 2 * g, 2 * g);
+  ASSERT_TRUE(s.flush());
+  EXPECT_EQ(s.returning_bytes(), 2 * g) << "memory a busy stream still reads went back";
+  EXPECT_EQ(s.idle_releases(), 1u);
+  ASSERT_EQ(cudaStreamSynchronize(a.s), cudaSuccess);
+  ASSERT_TRUE(s.flush());  // the batch's event has completed
+  EXPECT_EQ(s.returning_bytes(), 0u);
+  EXPECT_EQ(s.mapped_bytes(), 0u);
+  EXPECT_EQ(bad.value(), 0u);
+  EXPECT_EQ(s.gpu_waits(), 0u);
+  s.retire_queue(qa);
+  s.release_range(range.id);
+}
+
 // The arena unmaps free memory behind busy streams and maps there again: the device thread never
 // waits for a pending unmap (the arena maps exactly what it unmapped, which the storage revives).
 TEST(CudaStreams, MappingOverAPendingUnmapNeverWaits) {

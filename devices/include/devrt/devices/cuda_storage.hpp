@@ -99,6 +99,9 @@ class cuda_storage {
   /// Times the owner thread waited for the GPU: an unmap that a map had to wait for, or memory
   /// pressure (for tests; 0 on the normal path).
   [[nodiscard]] std::uint64_t gpu_waits() const noexcept { return gpu_waits_; }
+  /// Flushes whose unmaps went back at once because the device's stream had nothing left to run
+  /// (no event, nothing returning).
+  [[nodiscard]] std::uint64_t idle_releases() const noexcept { return idle_releases_; }
   /// Pinned staging memory held (bytes).
   [[nodiscard]] std::uint64_t staging_bytes() const noexcept { return staging_bytes_; }
 
@@ -197,8 +200,10 @@ class cuda_storage {
   range* find_range(memory::storage_id id, std::uint64_t offset, std::uint64_t size);
   /// Unmaps and releases the units of completed batches; with `wait`, waits for all of them.
   result<void> complete_unmaps(bool wait);
-  /// Records an event behind the requested unmaps (not while capturing).
-  result<void> record_unmaps();
+  /// Records the requested unmaps behind the device's stream (joined to every user's stream first
+  /// unless `users_joined`), or gives them back at once when that stream has nothing left to run.
+  /// Nothing while capturing.
+  result<void> record_unmaps(bool users_joined = false);
   /// The device's stream waits for the work queued on every stream in use.
   result<void> join_users();
   void setup_mapping();
@@ -245,6 +250,7 @@ class cuda_storage {
   std::vector<std::pair<memory::ticket, staging_buffer>> staging_in_flight_;
   std::uint64_t staging_bytes_ = 0;
   std::uint64_t gpu_waits_ = 0;
+  std::uint64_t idle_releases_ = 0;
   std::vector<int> peers_;  // devices given access to this device's memory (set_peer_access)
 };
 

@@ -24,6 +24,13 @@ struct sim_options {
   /// Simulate work queues (streams): tickets pass only when the test lets the simulated device
   /// progress (`sim_storage::progress`), so stream-ordered reuse can be checked without a GPU.
   bool queues = false;
+  /// With `queues`: an unmap takes effect as on a GPU, behind the work queued before it. A flush
+  /// gives the memory back at once when no ticket of any queue is outstanding (the device has
+  /// nothing left to run), otherwise behind a ticket on the device's queue, given back by the first
+  /// flush or map after that ticket has passed. Until then the memory is returning
+  /// (`returning_bytes`); the same bounds mapped again keep it; other bounds over it wait (counted
+  /// in `waits()`).
+  bool deferred_unmaps = false;
 
   /// An NVIDIA H200: 512-byte alignment, 150,109,880,320 bytes, pages up to a quarter of that,
   /// memory mapped in 2 MiB granules.
@@ -47,7 +54,7 @@ class sim_storage {
   [[nodiscard]] result<memory::resource> get(const memory::storage_handle& h);
   result<void> write(const memory::storage_handle& h, const void* src);
   result<void> read(const memory::storage_handle& h, void* dst);
-  [[nodiscard]] std::size_t pending_deallocations() const noexcept { return pending_.size(); }
+  [[nodiscard]] std::size_t pending_deallocations() const noexcept { return pending_.size() + unmapping_.size(); }
   [[nodiscard]] std::string name() const { return opts_.name; }
 
   // ---- Address ranges (when `props.map_granularity` is not 0) ----
@@ -58,8 +65,8 @@ class sim_storage {
   /// Counts like an allocation (capacity, injected failures). Errors: out_of_memory, not_found,
   /// invalid_argument (not whole units of the range, outside it, or already mapped).
   result<void> map(memory::storage_id range, std::uint64_t offset, std::uint64_t size);
-  /// Takes effect at once. Only what one map call mapped, whole; anything else is a misuse, counted
-  /// (see misuses()) and ignored.
+  /// Takes effect at once (at a flush with `deferred_unmaps`). Only what one map call mapped, whole;
+  /// anything else is a misuse, counted (see misuses()) and ignored.
   void unmap(memory::storage_id range, std::uint64_t offset, std::uint64_t size);
   void release_range(memory::storage_id range);
 
@@ -128,6 +135,18 @@ class sim_storage {
     std::map<std::uint64_t, std::uint64_t> mappings;
   };
   result<void> check_granules(const range& r, std::uint64_t offset, std::uint64_t size) const;
+  // An unmap that has not taken effect (deferred_unmaps): `after` 0 until a flush records it
+  // behind a ticket of the device's queue; the memory stays held (allocated_) until it is given back.
+  struct unmapping {
+    memory::storage_id range;
+    std::uint64_t first;   // unit
+    std::uint64_t length;  // units
+    std::uint64_t bytes;
+    memory::ticket after;
+  };
+  // Gives back the unmappings of `id` that `pick` selects.
+  template <class Pick>
+  void give_back_unmaps(Pick pick);
   range* find_range(memory::storage_id id);
 
   std::unordered_map<memory::storage_id, std::uint64_t> pages_;
@@ -137,6 +156,7 @@ class sim_storage {
   memory::storage_id last_range_id_ = 0;
   range* last_range_ = nullptr;  // unordered_map nodes do not move
   std::vector<memory::storage_id> pending_;
+  std::vector<unmapping> unmapping_;
   std::uint64_t allocated_ = 0;
   std::uint64_t peak_ = 0;
   std::uint64_t alloc_calls_ = 0;

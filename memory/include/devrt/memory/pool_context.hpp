@@ -102,6 +102,13 @@ struct pool_context {
     ++stats.unmaps;
     stats.bytes_reserved -= size;
   }
+  /// Lets the unmaps just requested reach an ordered device before memory is mapped elsewhere: a
+  /// device with nothing left to run takes them back at once, so that the memory held never counts
+  /// them and the new mapping together. Behind busy streams they stay on their way back. A failed
+  /// flush keeps its queue for the flush after the batch, which reports it.
+  void push_unmaps() {
+    if (store.ordered() && store.pending_deallocations() != 0) (void)store.flush();
+  }
   /// The peak of what the device holds: the pools' memory and what is still on its way back.
   void note_peak() {
     const std::uint64_t held = stats.bytes_reserved + store.returning_bytes();
