@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <bit>
 
+#include "devrt/memory/slice_links.hpp"
 #include "devrt/memory/stream_order.hpp"
 
 namespace devrt::memory {
@@ -385,14 +386,11 @@ detail::descriptor* arena_pool::take(pool_context& ctx, std::uint32_t self, std:
     // index unless its size class changes), the live slice gets a new one.
     const std::uint32_t hole = self;
     self = new_slot();  // may grow the table: references are taken after it
+    slice_links::link_before(slots_, hole, self);
     slice_node& h = slots_[hole];
     slice_node& cut = slots_[self];
     cut.offset = h.offset;
     cut.extent = extent;
-    cut.prev = h.prev;
-    cut.next = hole;
-    if (h.prev != npos) slots_[h.prev].next = self;
-    h.prev = self;
     h.offset += extent;
     resize_free(hole, h.extent - extent);
     return place(ctx, self, size);
@@ -404,16 +402,13 @@ detail::descriptor* arena_pool::take(pool_context& ctx, std::uint32_t self, std:
   if (slots_[self].extent > extent) {
     rest_slot = new_slot();  // may grow the table: references are taken after it
     if (self == tail_) tail_ = rest_slot;
+    slice_links::link_after(slots_, self, rest_slot);
     slice_node& cur = slots_[self];
     slice_node& rest = slots_[rest_slot];
     rest.offset = cur.offset + extent;
     rest.extent = cur.extent - extent;
-    rest.prev = self;
-    rest.next = cur.next;
     rest.tag = cur.tag;
     rest.epoch = cur.epoch;
-    if (cur.next != npos) slots_[cur.next].prev = rest_slot;
-    cur.next = rest_slot;
     cur.extent = extent;
     // The remainder keeps the slice's place on its tag list: the list stays in epoch order.
     if (tagged) tag_insert_after(self, rest_slot);
@@ -548,8 +543,7 @@ inline std::uint32_t arena_pool::merge_free(std::uint32_t slot) {
     absorb(p);
     if (slot == tail_) tail_ = p.self;
     p.extent += s->extent;
-    p.next = s->next;
-    if (s->next != npos) slots_[s->next].prev = p.self;
+    slice_links::unlink(slots_, slot);
     free_slot(slot);
     s = &p;
     slot = p.self;
@@ -559,9 +553,9 @@ inline std::uint32_t arena_pool::merge_free(std::uint32_t slot) {
     absorb(n);
     if (n.self == tail_) tail_ = slot;
     s->extent += n.extent;
-    s->next = n.next;
-    if (n.next != npos) slots_[n.next].prev = slot;
-    free_slot(n.self);
+    const std::uint32_t gone = n.self;
+    slice_links::unlink(slots_, gone);
+    free_slot(gone);
   }
   return slot;
 }
@@ -578,29 +572,24 @@ std::uint32_t arena_pool::merge_into_index(std::uint32_t slot) {
   }
   if (!prev_free) {
     // The hole after it grows down over it.
-    slice_node& n = slots_[ni];
-    n.offset = s.offset;
-    n.prev = s.prev;
-    if (s.prev != npos) slots_[s.prev].next = ni;
-    resize_free(ni, n.extent + s.extent);
+    slots_[ni].offset = s.offset;
+    const std::uint64_t extent = slots_[ni].extent + s.extent;
+    slice_links::unlink(slots_, slot);
+    resize_free(ni, extent);
     free_slot(slot);
     return ni;
   }
   // The hole before it grows over it (and over the hole after it).
-  slice_node& p = slots_[pi];
-  std::uint64_t extent = p.extent + s.extent;
-  std::uint32_t after = ni;
+  std::uint64_t extent = slots_[pi].extent + s.extent;
   if (next_free) {
-    slice_node& n = slots_[ni];
     index_erase(ni);
-    extent += n.extent;
-    after = n.next;
+    extent += slots_[ni].extent;
     if (ni == tail_) tail_ = pi;
+    slice_links::unlink(slots_, ni);
     free_slot(ni);
   }
-  p.next = after;
-  if (after != npos) slots_[after].prev = pi;
   if (slot == tail_) tail_ = pi;
+  slice_links::unlink(slots_, slot);
   resize_free(pi, extent);
   free_slot(slot);
   return pi;

@@ -1,5 +1,7 @@
 #include "devrt/memory/sliced_pool.hpp"
 
+#include "devrt/memory/slice_links.hpp"
+
 #include <fmt/format.h>
 #include <algorithm>
 
@@ -53,15 +55,12 @@ detail::descriptor* sliced_pool::take(pool_context& ctx, slice_node& s, std::uin
     // Split: the remainder becomes a free slice right after this one.
     const std::uint32_t self = s.self;
     const std::uint32_t r = new_slot();  // may grow the deque: references stay valid
+    slice_links::link_after(slots_, self, r);
     slice_node& cur = slots_[self];
     slice_node& rest = slots_[r];
     rest.offset = cur.offset + extent;
     rest.extent = cur.extent - extent;
     rest.page = cur.page;
-    rest.prev = self;
-    rest.next = cur.next;
-    if (cur.next != npos) slots_[cur.next].prev = r;
-    cur.next = r;
     cur.extent = extent;
     tree_.insert(rest);
   }
@@ -125,8 +124,7 @@ void sliced_pool::release(pool_context& ctx, const location& loc) {
     slice_node& p = slots_[s->prev];
     tree_.erase(tree_.iterator_to(p));
     p.extent += s->extent;
-    p.next = s->next;
-    if (s->next != npos) slots_[s->next].prev = p.self;
+    slice_links::unlink(slots_, slot);
     free_slot(slot);
     s = &p;
     slot = p.self;
@@ -135,9 +133,9 @@ void sliced_pool::release(pool_context& ctx, const location& loc) {
     slice_node& n = slots_[s->next];
     tree_.erase(tree_.iterator_to(n));
     s->extent += n.extent;
-    s->next = n.next;
-    if (n.next != npos) slots_[n.next].prev = slot;
-    free_slot(n.self);
+    const std::uint32_t gone = n.self;
+    slice_links::unlink(slots_, gone);
+    free_slot(gone);
   }
   tree_.insert(*s);
 }
