@@ -916,14 +916,7 @@ std::string arena_pool::check_invariants() const {
                        free_mapped, mapped_, free_mapped_, listed);
   }
   sum.bytes_reserved = mapped * granule_;
-  if (!(sum == usage_)) {
-    return fmt::format(
-        "arena {}: usage counters ({} allocs, {} in use, {} padding, {} reserved) differ from the slices ({}, {}, {}, "
-        "{})",
-        index_, usage_.number_allocs, usage_.bytes_in_use, usage_.bytes_padding, usage_.bytes_reserved,
-        sum.number_allocs, sum.bytes_in_use, sum.bytes_padding, sum.bytes_reserved);
-  }
-  return {};
+  return usage_mismatch(usage_, sum, fmt::format("arena {}", index_));
 }
 
 }  // namespace devrt::memory

@@ -188,8 +188,7 @@ std::string exclusive_pool::check_invariants() const {
   if (free_count != tree_.size()) {
     return fmt::format("exclusive pool {}: {} free pages but {} in the free tree", index_, free_count, tree_.size());
   }
-  if (!(sum == usage_)) return fmt::format("exclusive pool {}: usage counters differ from the pages", index_);
-  return {};
+  return usage_mismatch(usage_, sum, fmt::format("exclusive pool {}", index_));
 }
 
 }  // namespace devrt::memory

@@ -203,8 +203,7 @@ std::string persistent_pool::check_invariants() const {
     }
   }
   if (listed != free_total) return fmt::format("persistent pool: {} free slices, {} listed", free_total, listed);
-  if (!(sum == usage_)) return "persistent pool: usage counters differ from the slices";
-  return {};
+  return usage_mismatch(usage_, sum, "persistent pool");
 }
 
 }  // namespace devrt::memory

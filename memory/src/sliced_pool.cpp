@@ -314,14 +314,7 @@ std::string sliced_pool::check_invariants() const {
   if (free_count != tree_.size()) {
     return fmt::format("pool {}: {} free slices but {} in the free tree", index_, free_count, tree_.size());
   }
-  if (!(sum == usage_)) {
-    return fmt::format(
-        "pool {}: usage counters ({} allocs, {} in use, {} padding, {} reserved) differ from the "
-        "slices ({}, {}, {}, {})",
-        index_, usage_.number_allocs, usage_.bytes_in_use, usage_.bytes_padding, usage_.bytes_reserved,
-        sum.number_allocs, sum.bytes_in_use, sum.bytes_padding, sum.bytes_reserved);
-  }
-  return {};
+  return usage_mismatch(usage_, sum, fmt::format("pool {}", index_));
 }
 
 }  // namespace devrt::memory

@@ -20,6 +20,15 @@ std::string memory_usage::to_string() const {
       percent(bytes_in_use, bytes_reserved), percent(bytes_padding, bytes_in_use));
 }
 
+std::string usage_mismatch(const memory_usage& counted, const memory_usage& summed, const std::string& what) {
+  if (counted == summed) return {};
+  return fmt::format(
+      "{}: usage counters ({} allocs, {} in use, {} padding, {} reserved) differ from what its memory adds up to ({}, "
+      "{}, {}, {})",
+      what, counted.number_allocs, counted.bytes_in_use, counted.bytes_padding, counted.bytes_reserved,
+      summed.number_allocs, summed.bytes_in_use, summed.bytes_padding, summed.bytes_reserved);
+}
+
 std::string memory_statistics::to_string() const {
   return fmt::format(
              "statistics: reserved {}{} (peak {}), in use {} (peak {}), {} reserves ({} failed), {} driver "

@@ -27,6 +27,12 @@ struct memory_usage {
   [[nodiscard]] std::string to_string() const;
 };
 
+/// For the pools' invariant checks: empty when a pool's running counters equal what its slices
+/// (or pages) add up to, otherwise a sentence naming `what` (such as "arena 0") and both sets of
+/// figures.
+[[nodiscard]] std::string usage_mismatch(const memory_usage& counted, const memory_usage& summed,
+                                         const std::string& what);
+
 /// Running statistics of a manager: current and peak values, and event counts.
 struct memory_statistics {
   /// Bytes the pools hold from the device.
