@@ -117,6 +117,14 @@ void arena_pool::unmap_mapping(pool_context& ctx, std::uint32_t m) {
     s.ghost = true;
     s.used = 0;
     ++ghosts_;
+    ghost_list_.push_back(m);
+    if (ghost_list_.size() > 2 * ghosts_ + 64) {
+      // Behind a device that stays busy the list would keep entries revived since: rebuild it.
+      ghost_list_.clear();
+      for (std::uint32_t k = 0; k < mappings_.size(); ++k) {
+        if (mappings_[k].in_use_slot && mappings_[k].ghost) ghost_list_.push_back(k);
+      }
+    }
     return;
   }
   for (std::uint64_t g = s.first; g < s.first + s.count; ++g) granules_[g].mapping = npos;
@@ -135,6 +143,20 @@ result<void> arena_pool::revive(pool_context& ctx, std::uint32_t m) {
   mapped_ += s.count;
   usage_.bytes_reserved += s.count * granule_;
   return {};
+}
+
+void arena_pool::drop_ghosts(pool_context& ctx) {
+  if (ghosts_ == 0 || ctx.store.returning_bytes() != 0) return;
+  for (const std::uint32_t m : ghost_list_) {
+    mapping_state& s = mappings_[m];
+    if (!s.in_use_slot || !s.ghost) continue;  // revived since (or its slot taken by a newer ghost, listed again)
+    for (std::uint64_t g = s.first; g < s.first + s.count; ++g) granules_[g].mapping = npos;
+    s.ghost = false;
+    s.in_use_slot = false;
+    mappings_.release(m);
+    --ghosts_;
+  }
+  ghost_list_.clear();
 }
 
 void arena_pool::evict(pool_context& ctx, std::uint64_t count) {
@@ -350,6 +372,7 @@ result<detail::descriptor*> arena_pool::alloc(pool_context& ctx, std::uint64_t s
         }
       }
       ctx.push_unmaps();
+      drop_ghosts(ctx);
       if (auto r = map_granules(ctx, first, map_last, shared_tail, cut, size); !r) {
         // The free mappings taken off the list go back on it.
         for (std::uint64_t g = first; g <= last;) {
@@ -713,6 +736,7 @@ void arena_pool::release_all(pool_context& ctx) {
   tags_.clear();
   tagged_ = 0;
   ghosts_ = 0;
+  ghost_list_.clear();
   usage_ = memory_usage{};
 }
 

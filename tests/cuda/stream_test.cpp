@@ -9,6 +9,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstring>
+#include <memory>
 #include <random>
 #include <thread>
 #include <vector>
@@ -58,6 +59,41 @@ struct mismatch_counter {
     EXPECT_EQ(cudaMemcpy(&v, d, sizeof v, cudaMemcpyDeviceToHost), cudaSuccess);
     return v;
   }
+};
+
+// Holds a stream at a host function until `open()`: work queued behind it waits however the
+// kernels are timed (under compute-sanitizer a spinning kernel may be done before its launch
+// returns). `reached()` says the stream got to the gate, so everything queued before it has run.
+class stream_gate {
+ public:
+  explicit stream_gate(cudaStream_t s) : state_(std::make_shared<state>()) {
+    // The host function holds its own reference: the gate may go first (it opens on the way).
+    auto* ref = new std::shared_ptr<state>(state_);
+    EXPECT_EQ(cudaLaunchHostFunc(s, &stream_gate::hold, ref), cudaSuccess);
+  }
+  stream_gate(const stream_gate&) = delete;
+  stream_gate& operator=(const stream_gate&) = delete;
+  ~stream_gate() { open(); }
+  void open() { state_->open.store(true); }
+  [[nodiscard]] bool reached() const { return state_->reached.load(); }
+  /// Waits (up to 10 s) until the stream is at the gate.
+  void wait_reached() const {
+    for (int i = 0; i < 100'000 && !reached(); ++i) std::this_thread::sleep_for(std::chrono::microseconds(100));
+    EXPECT_TRUE(reached()) << "the stream never reached the gate";
+  }
+
+ private:
+  struct state {
+    std::atomic<bool> open{false};
+    std::atomic<bool> reached{false};
+  };
+  static void CUDART_CB hold(void* p) {
+    const std::shared_ptr<state> st = std::move(*static_cast<std::shared_ptr<state>*>(p));
+    delete static_cast<std::shared_ptr<state>*>(p);
+    st->reached.store(true);
+    while (!st->open.load()) std::this_thread::sleep_for(std::chrono::microseconds(50));
+  }
+  std::shared_ptr<state> state_;
 };
 
 enum class which_stream { own, legacy, per_thread };
@@ -206,24 +242,31 @@ TEST(CudaStreams, ARevivedMappingIsReleasedOnlyByItsOwnBatch) {
   DEVRT_REQUIRE_GPU();
   devices::cuda_storage s(0);
   if (s.properties().map_granularity == 0) GTEST_SKIP() << "no virtual memory management on this GPU";
-  void* const q = s.native_queue();
+  auto* const q = static_cast<cudaStream_t>(s.native_queue());
   mismatch_counter bad;
   const std::uint64_t g = s.properties().map_granularity;
   auto range = s.reserve_range(16 * g, g).value();
   ASSERT_TRUE(s.map(range.id, 0, 4 * g));
   void* const p = s.get(memory::storage_handle{range.id, 0, 4 * g}).value().ptr;
-  test_kernels::spin_then_fill(p, 4 * g, 5, 50'000, q);  // busy: 50 ms
-  s.unmap(range.id, 0, 4 * g);
-  ASSERT_TRUE(s.flush());                  // batch 1, behind the first kernel
-  ASSERT_TRUE(s.map(range.id, 0, 4 * g));  // revived before its unmap happened
-  test_kernels::spin_then_fill(p, 4 * g, 6, 200'000, q);
-  test_kernels::spin_then_check(p, 4 * g, 6, 0, bad.d, q);  // work between the batches
-  s.unmap(range.id, 0, 4 * g);
-  ASSERT_TRUE(s.flush());                                       // batch 2, behind that work
-  std::this_thread::sleep_for(std::chrono::milliseconds(100));  // batch 1's event has completed
-  ASSERT_TRUE(s.flush());                                       // completes batch 1: must not unmap
-  EXPECT_EQ(s.mapped_bytes(), 4 * g) << "the older batch released a mapping of the newer one";
-  EXPECT_EQ(cudaStreamSynchronize(static_cast<cudaStream_t>(q)), cudaSuccess);
+  {
+    stream_gate first(q);  // the stream is busy until the gate opens
+    test_kernels::fill_pattern(p, 4 * g, 5, q);
+    s.unmap(range.id, 0, 4 * g);
+    ASSERT_TRUE(s.flush());                  // batch 1, behind the first gate and kernel
+    ASSERT_TRUE(s.map(range.id, 0, 4 * g));  // revived before its unmap happened
+    stream_gate second(q);
+    test_kernels::fill_pattern(p, 4 * g, 6, q);
+    test_kernels::check_pattern(p, 4 * g, 6, bad.d, q);  // work between the batches
+    s.unmap(range.id, 0, 4 * g);
+    ASSERT_TRUE(s.flush());  // batch 2, behind the second gate and that work
+    EXPECT_EQ(s.idle_releases(), 0u) << "a busy stream was taken for an idle one";
+    first.open();
+    second.wait_reached();   // batch 1's event has completed, batch 2's has not
+    ASSERT_TRUE(s.flush());  // completes batch 1: must not unmap
+    EXPECT_EQ(s.mapped_bytes(), 4 * g) << "the older batch released a mapping of the newer one";
+    second.open();
+  }
+  EXPECT_EQ(cudaStreamSynchronize(q), cudaSuccess);
   EXPECT_EQ(bad.value(), 0u);
   ASSERT_TRUE(s.flush());
   EXPECT_EQ(s.mapped_bytes(), 0u);
@@ -255,16 +298,22 @@ TEST(CudaStreams, UnmapsGoBackAtOnceOnlyWhenNoStreamIsBusy) {
   EXPECT_EQ(s.mapped_bytes(), 0u);
   EXPECT_EQ(s.idle_releases(), 1u);
 
-  // Busy: a kernel on the user's stream still reads the memory; the unmap waits for it.
+  // Busy: a kernel on the user's stream, behind a gate, still reads the memory; the unmap waits.
   ASSERT_TRUE(s.map(range.id, 2 * g, 2 * g));
   void* const p = s.get(memory::storage_handle{range.id, 2 * g, 2 * g}).value().ptr;
   test_kernels::fill_pattern(p, 2 * g, 41, a.s);
-  test_kernels::spin_then_check(p, 2 * g, 41, 100'000, bad.d, a.s);  // 100 ms
-  s.unmap(range.id, 2 * g, 2 * g);
-  ASSERT_TRUE(s.flush());
-  EXPECT_EQ(s.returning_bytes(), 2 * g) << "memory a busy stream still reads went back";
-  EXPECT_EQ(s.idle_releases(), 1u);
+  {
+    stream_gate busy(a.s);
+    test_kernels::check_pattern(p, 2 * g, 41, bad.d, a.s);
+    s.unmap(range.id, 2 * g, 2 * g);
+    ASSERT_TRUE(s.flush());
+    EXPECT_EQ(s.returning_bytes(), 2 * g) << "memory a busy stream still reads went back";
+    EXPECT_EQ(s.idle_releases(), 1u);
+    busy.open();
+  }
   ASSERT_EQ(cudaStreamSynchronize(a.s), cudaSuccess);
+  // The batch's event is on the device's stream, behind its join of the user's stream.
+  ASSERT_EQ(cudaStreamSynchronize(static_cast<cudaStream_t>(s.native_queue())), cudaSuccess);
   ASSERT_TRUE(s.flush());  // the batch's event has completed
   EXPECT_EQ(s.returning_bytes(), 0u);
   EXPECT_EQ(s.mapped_bytes(), 0u);

@@ -5,6 +5,8 @@
 #include <gtest/gtest.h>
 
 #include <memory>
+#include <random>
+#include <vector>
 
 #include "devrt/devices/sim_storage.hpp"
 #include "devrt/memory/memory_manager.hpp"
@@ -123,4 +125,67 @@ TEST(DeferredUnmaps, TheSameBoundsMappedAgainKeepTheirMemoryOthersWait) {
   EXPECT_EQ(s.allocated_bytes(), 0u);
   EXPECT_EQ(s.returning_bytes(), 0u);
   EXPECT_EQ(s.misuses(), 0u);
+}
+
+namespace {
+
+// The same random workload of reserves and drops (sizes from 512 bytes to 96 MiB) on a device.
+memory_statistics random_workload(device& d, std::uint32_t seed, bool busy) {
+  std::mt19937_64 rng(seed);
+  std::vector<memory_handle> live;
+  std::uniform_int_distribution<int> pick(0, 99);
+  for (int step = 0; step < 4000; ++step) {
+    if (busy && step % 50 == 0) {
+      d.sim->progress();                    // the queued work so far has run
+      (void)d.sim->mark(stream_a).value();  // and more is queued
+    }
+    if (live.empty() || pick(rng) < 55) {
+      const int kind = pick(rng);
+      const std::uint64_t size = kind < 60   ? 512 + rng() % (256 * 1024)
+                                 : kind < 90 ? mib + rng() % (16 * mib)
+                                             : 16 * mib + rng() % (80 * mib);
+      live.push_back(d.m->reserve(size, stream_a).value());
+    } else {
+      const std::size_t k = rng() % live.size();
+      live[k] = std::move(live.back());
+      live.pop_back();
+    }
+    EXPECT_TRUE(d.m->end_batch());
+    if (step % 500 == 0) {
+      EXPECT_EQ(d.m->check_invariants(), "") << "step " << step;
+    }
+  }
+  live.clear();
+  EXPECT_TRUE(d.m->end_batch());
+  EXPECT_EQ(d.m->check_invariants(), "");
+  return d.m->statistics();
+}
+
+}  // namespace
+
+TEST(DeferredUnmaps, AnIdleDeviceWithQueuesPlacesAndHoldsExactlyAsOneThatUnmapsAtOnce) {
+  for (std::uint32_t seed : {1U, 2U, 3U}) {
+    SCOPED_TRACE(seed);
+    device immediate(false);
+    device deferred(true);
+    const memory_statistics a = random_workload(immediate, seed, false);
+    const memory_statistics b = random_workload(deferred, seed, false);
+    ASSERT_GT(a.unmaps, 0u) << "the workload must unmap to mean anything";
+    EXPECT_EQ(b.maps, a.maps);
+    EXPECT_EQ(b.unmaps, a.unmaps);
+    EXPECT_EQ(b.peak_bytes_reserved, a.peak_bytes_reserved);
+    EXPECT_EQ(deferred.sim->waits(), 0u);
+  }
+}
+
+TEST(DeferredUnmaps, BehindABusyDeviceNothingWaitsAndEverythingComesBack) {
+  device d(true);
+  const memory_statistics s = random_workload(d, 7, true);
+  EXPECT_GT(s.unmaps, 0u);
+  EXPECT_EQ(d.sim->waits(), 0u) << "a map waited for the device";
+  EXPECT_EQ(d.sim->misuses(), 0u);
+  d.sim->progress();
+  ASSERT_TRUE(d.m->end_batch());
+  EXPECT_EQ(d.m->statistics().bytes_returning, 0u);
+  EXPECT_EQ(d.sim->allocated_bytes(), d.m->statistics().bytes_reserved);
 }

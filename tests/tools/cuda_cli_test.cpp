@@ -107,7 +107,7 @@ TEST(ReplayCudaCli, BadCombinationsAreUsageErrors) {
 TEST(ReplayCudaCli, HelpNamesTheCudaOptions) {
   const run_output r = run({"--help"});
   EXPECT_EQ(r.code, 0);
-  EXPECT_TRUE(contains(r.out, "--device sim|host|cuda"));
+  EXPECT_TRUE(contains(r.out, "--device sim|sim-gpu|host|cuda"));
   EXPECT_TRUE(contains(r.out, "--baseline cudaMalloc|cudaMallocAsync"));
   EXPECT_TRUE(contains(r.out, "--compare"));
 }

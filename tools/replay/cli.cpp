@@ -301,10 +301,13 @@ Replays an allocation trace against devrt and reports time per event and memory 
 
   TRACE                   devrt trace (.trace.gz or plain) or RMM CSV allocation log
   --format devrt|rmm      trace format (default: from the file name, then its first line)
-  --device sim|host|cuda  sim: a simulated H200 (default); host: real host memory, 512-byte
-                          alignment, pages up to 1 GiB; cuda: GPU 0 through devrt's CUDA
-                          storage (cudaMallocAsync pages on one stream; core mode only; CUDA
-                          builds)
+  --device sim|sim-gpu|host|cuda
+                          sim: a simulated H200 (default); sim-gpu: the same, with work in
+                          queue order and unmaps completing behind it as on a GPU (what the
+                          arena does over CUDA storage, without a GPU); host: real host memory,
+                          512-byte alignment, pages up to 1 GiB; cuda: GPU 0 through devrt's
+                          CUDA storage (cudaMallocAsync pages on one stream; core mode only;
+                          CUDA builds)
   --baseline cudaMalloc|cudaMallocAsync
                           replay against the CUDA runtime on GPU 0 instead of devrt (CUDA
                           builds): cudaMalloc/cudaFree, or cudaMallocAsync/cudaFreeAsync on one
@@ -369,13 +372,15 @@ result<cli_options> parse_args(const std::vector<std::string>& args) {
       if (!v) return std::move(v).err();
       if (*v == "sim") {
         o.device = device_choice::sim;
+      } else if (*v == "sim-gpu") {
+        o.device = device_choice::sim_gpu;
       } else if (*v == "host") {
         o.device = device_choice::host;
       } else if (*v == "cuda") {
         if (!built_with_cuda()) return usage_error("--device cuda: this devrt-replay was built without CUDA");
         o.device = device_choice::cuda;
       } else {
-        return usage_error(fmt::format("bad value for --device: '{}' (expected sim, host or cuda)", *v));
+        return usage_error(fmt::format("bad value for --device: '{}' (expected sim, sim-gpu, host or cuda)", *v));
       }
       o.device_given = true;
     } else if (name == "--baseline") {

@@ -74,9 +74,20 @@ class sampler {
   std::vector<timeline_point> points_;
 };
 
+devices::sim_options sim_for(device_choice d) {
+  devices::sim_options o = devices::sim_options::h200();
+  if (d == device_choice::sim_gpu) {
+    o.queues = true;
+    o.deferred_unmaps = true;
+    o.name = "sim-h200-gpu";
+  }
+  return o;
+}
+
 result<memory::storage> make_storage(device_choice d) {
   switch (d) {
-    case device_choice::sim: return memory::storage::make<devices::sim_storage>(devices::sim_options::h200());
+    case device_choice::sim:
+    case device_choice::sim_gpu: return memory::storage::make<devices::sim_storage>(sim_for(d));
     case device_choice::host: return memory::storage::make<devices::host_storage>(host_opts());
     case device_choice::cuda: return detail::make_cuda_storage(0);
   }
@@ -168,8 +179,9 @@ result<replay_result> replay_actor(const trace& t, const replay_options& o) {
   runtime::runtime_options ro;
   // A replay is reproducible only if the DEVRT_* environment cannot change the policy.
   ro.use_environment = false;
-  if (o.device == device_choice::sim) {
-    ro.sim = devices::sim_options::h200();
+  const bool sim = o.device == device_choice::sim || o.device == device_choice::sim_gpu;
+  if (sim) {
+    ro.sim = sim_for(o.device);
     ro.sim_layout = o.layout;
   } else {
     ro.host = host_opts();
@@ -178,7 +190,7 @@ result<replay_result> replay_actor(const trace& t, const replay_options& o) {
   auto made = runtime::runtime::create(ro);
   if (!made) return std::move(made).err();
   runtime::runtime& rt = **made;
-  const runtime::compute_client client = o.device == device_choice::sim ? rt.sim() : rt.host();
+  const runtime::compute_client client = sim ? rt.sim() : rt.host();
 
   const std::size_t nt = o.threads;
   // Each thread's events, with ids renumbered to index its own handle vector.
@@ -330,6 +342,7 @@ std::string gnuplot_quote(const std::string& s) {
 const char* to_string(device_choice d) noexcept {
   switch (d) {
     case device_choice::sim: return "sim";
+    case device_choice::sim_gpu: return "sim-gpu";
     case device_choice::host: return "host";
     case device_choice::cuda: return "cuda";
   }

@@ -29,7 +29,9 @@
 
 namespace devrt::replay {
 
-enum class device_choice { sim, host, cuda };
+/// sim: a simulated H200; sim_gpu: the same with work in queue order and unmaps deferred as on a
+/// GPU (the arena behaves as over cuda_storage); host: real host memory; cuda: GPU 0.
+enum class device_choice { sim, sim_gpu, host, cuda };
 const char* to_string(device_choice d) noexcept;
 /// The properties the replay's device has: an H200 for sim, 512-byte alignment and 1 GiB pages
 /// for host. For cuda the real GPU's are known only once it is opened: this gives the simulated

@@ -229,6 +229,9 @@ class arena_pool {
   void evict_to(pool_context& ctx, std::uint64_t limit);
   result<void> map_run(pool_context& ctx, std::uint64_t first, std::uint64_t count);
   /// Maps a ghost mapping again, with its bounds.
+  // Forgets every ghost once the device has nothing on its way back: its granules may be mapped
+  // with any bounds again, as on a device that unmaps at once.
+  void drop_ghosts(pool_context& ctx);
   result<void> revive(pool_context& ctx, std::uint32_t m);
   [[nodiscard]] bool mapped_at(std::uint64_t g) const noexcept {
     return granules_[g].mapping != npos && !mappings_[granules_[g].mapping].ghost;
@@ -268,6 +271,7 @@ class arena_pool {
   std::vector<tag_list> tags_;  // one per stream that has tagged free slices (few)
   bool keep_ghosts_ = false;    // the device completes unmaps later (it has queues)
   std::size_t ghosts_ = 0;
+  std::vector<std::uint32_t> ghost_list_;  // mappings made ghosts since the last drop_ghosts (some revived since)
   std::size_t tagged_ = 0;
   memory_usage usage_;
 };
