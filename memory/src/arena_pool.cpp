@@ -145,6 +145,13 @@ result<void> arena_pool::revive(pool_context& ctx, std::uint32_t m) {
   return {};
 }
 
+void arena_pool::settle_unmaps(pool_context& ctx) {
+  // What was just unmapped reaches the device (an idle one takes it back at once); then, if
+  // nothing is on its way back, every unmapped range may be mapped again with any bounds.
+  ctx.push_unmaps();
+  drop_ghosts(ctx);
+}
+
 void arena_pool::drop_ghosts(pool_context& ctx) {
   if (ghosts_ == 0 || ctx.store.returning_bytes() != 0) return;
   for (const std::uint32_t m : ghost_list_) {
@@ -348,9 +355,11 @@ result<detail::descriptor*> arena_pool::alloc(pool_context& ctx, std::uint64_t s
       std::uint64_t cut = chunk_;
       if (grow_ == 0) {
         evict(ctx, missing);
+        settle_unmaps(ctx);
       } else {
         const std::uint64_t budget = budget_granules(size, budget_per_mille);
         evict_to(ctx, budget > missing ? budget - missing : 0);
+        settle_unmaps(ctx);
         if (found == tail_) {
           // Where the arena grows, map ahead into its free end, in units that grow with the memory
           // mapped, over granules never mapped, within a tighter budget: memory mapped ahead that
@@ -371,8 +380,6 @@ result<detail::descriptor*> arena_pool::alloc(pool_context& ctx, std::uint64_t s
           }
         }
       }
-      ctx.push_unmaps();
-      drop_ghosts(ctx);
       if (auto r = map_granules(ctx, first, map_last, shared_tail, cut, size); !r) {
         // The free mappings taken off the list go back on it.
         for (std::uint64_t g = first; g <= last;) {

@@ -232,6 +232,8 @@ class arena_pool {
   // Forgets every ghost once the device has nothing on its way back: its granules may be mapped
   // with any bounds again, as on a device that unmaps at once.
   void drop_ghosts(pool_context& ctx);
+  // Before memory is mapped: push_unmaps, then drop_ghosts.
+  void settle_unmaps(pool_context& ctx);
   result<void> revive(pool_context& ctx, std::uint32_t m);
   [[nodiscard]] bool mapped_at(std::uint64_t g) const noexcept {
     return granules_[g].mapping != npos && !mappings_[granules_[g].mapping].ghost;
