@@ -911,7 +911,13 @@ void cuda_storage::use_queue(memory::queue_id q) {
   if (auto t = mark(memory::queue::device)) (void)join(q, *t);
 }
 
-void cuda_storage::retire_queue(memory::queue_id q) { std::erase(queues_, q); }
+void cuda_storage::retire_queue(memory::queue_id q) {
+  if (std::find(queues_.begin(), queues_.end(), q) == queues_.end()) return;
+  // The stream may be destroyed right after, with its kernels still running: what it queued so
+  // far stays ahead of everything the device's stream does later (unmaps, frees, the idle check).
+  if (auto t = mark(q)) (void)join(memory::queue::device, *t);
+  std::erase(queues_, q);
+}
 
 result<void> cuda_storage::join_users() {
   for (const memory::queue_id q : queues_) {

@@ -90,7 +90,9 @@ class cuda_storage {
   result<bool> passed(memory::ticket t);
   result<void> wait(memory::ticket t);
   result<void> join(memory::queue_id q, memory::ticket t);
+  /// A stream that uses the memory: the device's stream joins it before memory goes back.
   void use_queue(memory::queue_id q);
+  /// Forgets the stream, after the device's stream has joined what it queued so far.
   void retire_queue(memory::queue_id q);
   result<void> write_on(const memory::storage_handle& h, const void* src, memory::queue_id q);
   result<memory::ticket> read_async(const memory::storage_handle& h, void* dst, memory::queue_id q);
