@@ -311,8 +311,13 @@ result<bool> sim_storage::passed(memory::ticket t) const noexcept { return unpas
 
 result<void> sim_storage::wait(memory::ticket t) noexcept {
   ++waits_;
+  run_until(t);
+  return {};
+}
+
+void sim_storage::run_until(memory::ticket t) noexcept {
   auto it = unpassed_.find(t);
-  if (it == unpassed_.end()) return {};
+  if (it == unpassed_.end()) return;
   const memory::queue_id q = it->second;
   // The queue runs in order: everything on it up to t passes.
   for (auto i = unpassed_.begin(); i != unpassed_.end() && i->first <= t;) {
@@ -323,7 +328,6 @@ result<void> sim_storage::wait(memory::ticket t) noexcept {
       ++i;
     }
   }
-  return {};
 }
 
 void sim_storage::progress() noexcept {

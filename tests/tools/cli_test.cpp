@@ -102,7 +102,13 @@ INSTANTIATE_TEST_SUITE_P(
                       usage_case{{"t", "--timeline-format", "jpg"}, "bad value for --timeline-format: 'jpg'"},
                       usage_case{{"t", "--json=yes"}, "option --json takes no value"},
                       usage_case{{"t", "--wait"}, "--wait needs --threads"},
-                      usage_case{{"t", "--threads", "2", "--timeline", "x"}, "--timeline works in core mode only"}));
+                      usage_case{{"t", "--threads", "2", "--timeline", "x"}, "--timeline works in core mode only"},
+                      usage_case{{"t", "--gpu-lag", "0", "--device", "sim-gpu"}, "bad value for --gpu-lag: '0'"},
+                      usage_case{{"t", "--gpu-lag", "2000000", "--device", "sim-gpu"},
+                                 "bad value for --gpu-lag: '2000000'"},
+                      usage_case{{"t", "--gpu-lag", "8"}, "--gpu-lag needs --device sim-gpu"},
+                      usage_case{{"t", "--gpu-lag", "8", "--device", "sim-gpu", "--threads", "2"},
+                                 "--gpu-lag needs --device sim-gpu in core mode"}));
 
 TEST(ReplayCli, UnreadableOrMalformedTraceExitsOne) {
   scratch_dir dir;

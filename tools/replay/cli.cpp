@@ -322,6 +322,9 @@ Replays an allocation trace against devrt and reports time per event and memory 
   --threads N             actor mode: N client threads of one runtime (ids spread by id % N)
   --wait                  actor mode: reserve().get() per allocation instead of create()
   --strict                stop at the first failed reserve (exit code 1)
+  --gpu-lag N             with --device sim-gpu (core mode): the simulated GPU runs N events
+                          behind the requests, as under a training loop, so that unmaps wait
+                          behind busy work (default 0: idle, as in a replay on the GPU itself)
   --limit N               replay only the first N events
   --json                  one JSON object on stdout with every figure
   --timeline PREFIX       core mode: write PREFIX.csv (about 2000 samples of live and reserved
@@ -409,6 +412,14 @@ result<cli_options> parse_args(const std::vector<std::string>& args) {
         return usage_error(fmt::format("bad value for --threads: '{}' (expected 1 to 1024)", *v));
       }
       o.threads = n;
+    } else if (name == "--gpu-lag") {
+      auto v = value();
+      if (!v) return std::move(v).err();
+      std::uint64_t n = 0;
+      if (!parse_count(*v, n) || n == 0 || n > 1'000'000) {
+        return usage_error(fmt::format("bad value for --gpu-lag: '{}' (expected 1 to 1000000 events)", *v));
+      }
+      o.gpu_lag = n;
     } else if (name == "--limit") {
       auto v = value();
       if (!v) return std::move(v).err();
@@ -468,6 +479,9 @@ result<cli_options> parse_args(const std::vector<std::string>& args) {
   if (o.device == device_choice::cuda && o.threads != 0) {
     return usage_error("--device cuda works in core mode only (no --threads)");
   }
+  if (o.gpu_lag != 0 && (o.device != device_choice::sim_gpu || o.threads != 0)) {
+    return usage_error("--gpu-lag needs --device sim-gpu in core mode (no --threads)");
+  }
   auto layout = memory::parse_layout(o.layout_text);
   if (!layout) return usage_error(fmt::format("bad value for --layout: {}", layout.err().message()));
   // A GPU's properties are known only once it is opened: the manager validates the layout then.
@@ -515,6 +529,7 @@ int run_cli(const std::vector<std::string>& args, std::ostream& out, std::ostrea
   ro.threads = o.threads;
   ro.wait = o.wait;
   ro.strict = o.strict;
+  ro.gpu_lag = o.gpu_lag;
   ro.timeline_samples = o.timeline_prefix ? 2000 : 0;
   if (o.progress.value_or(err_is_terminal)) {
     ro.progress = [&bar](std::uint64_t done, std::uint64_t total) { bar.show(done, total); };

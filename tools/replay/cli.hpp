@@ -30,6 +30,7 @@ struct cli_options {
   bool timeline_png = true;
   bool timeline_svg = false;
   std::optional<std::uint64_t> limit;
+  std::uint64_t gpu_lag = 0;     ///< --gpu-lag: sim-gpu runs this many events behind
   std::optional<bool> progress;  ///< default: on when stderr is a terminal
   bool help = false;
 };

@@ -117,9 +117,18 @@ result<replay_result> replay_core(const trace& t, const replay_options& o) {
   std::uint64_t peak_live = 0;
   std::uint64_t played = 0;
 
+  // A busy simulated GPU: a ticket per event, each completing gpu_lag events later.
+  devices::sim_storage* gpu = o.gpu_lag != 0 ? store.backend<devices::sim_storage>() : nullptr;
+  std::vector<memory::ticket> in_flight(gpu != nullptr ? o.gpu_lag : 0);
+
   const auto start = clock_type::now();
   for (std::uint64_t i = 0; i < n; ++i) {
     const trace_event& e = events[i];
+    if (gpu != nullptr) {
+      memory::ticket& slot = in_flight[i % o.gpu_lag];
+      if (slot != 0) gpu->run_until(slot);
+      slot = gpu->mark(memory::queue::device).value();
+    }
     if ((i & 0xffff) == 0 && o.progress) o.progress(i, n);
     if (e.kind == event_kind::alloc) {
       ++r.allocations;

@@ -71,6 +71,10 @@ struct replay_options {
   std::size_t threads = 0;  ///< 0: core mode; N >= 1: actor mode with N client threads
   bool wait = false;        ///< actor mode: reserve().get() instead of create()
   bool strict = false;      ///< stop at the first failed reserve
+  /// sim_gpu, core mode: the simulated GPU runs this many events behind the requests (every event
+  /// queues work on it, which completes that many events later), so that unmaps wait behind busy
+  /// work as under a training loop; 0: the GPU is idle, as in a replay on the GPU itself.
+  std::uint64_t gpu_lag = 0;
   /// Core mode: about this many timeline samples (0: no timeline). Each sample is the largest
   /// live and reserved byte counts seen in its window of events.
   std::size_t timeline_samples = 0;

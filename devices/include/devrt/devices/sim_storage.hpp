@@ -84,6 +84,8 @@ class sim_storage {
   result<bool> passed(memory::ticket t) const noexcept;
   /// Lets the ticket's queue run up to `t` (counted in waits()).
   result<void> wait(memory::ticket t) noexcept;
+  /// The simulated device runs the ticket's queue up to `t` on its own (not a wait).
+  void run_until(memory::ticket t) noexcept;
   result<void> join(memory::queue_id q, memory::ticket t) noexcept;
   void use_queue(memory::queue_id q);
   void retire_queue(memory::queue_id q);
