@@ -4,6 +4,7 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstring>
 #include <string>
 #include <type_traits>
@@ -11,6 +12,22 @@
 #include "devrt/devices/peer_access.hpp"
 
 namespace devrt::devices {
+
+const char* driver_profile::name(kind k) noexcept {
+  switch (k) {
+    case address_reserve: return "cuMemAddressReserve";
+    case create: return "cuMemCreate";
+    case map: return "cuMemMap";
+    case set_access: return "cuMemSetAccess";
+    case unmap: return "cuMemUnmap";
+    case release: return "cuMemRelease";
+    case stream_query: return "cudaStreamQuery";
+    case map_total: return "map (whole)";
+    case flush_total: return "flush (whole)";
+    case kinds: break;
+  }
+  return "?";
+}
 
 namespace {
 
@@ -28,6 +45,25 @@ std::uint64_t staging_class(std::uint64_t n) {
   while (c < n) c <<= 1;
   return c;
 }
+
+// Adds the time of one call to a profile when it goes out of scope.
+class timed_call {
+ public:
+  timed_call(driver_profile& p, driver_profile::kind k) noexcept
+      : p_(p), k_(k), start_(std::chrono::steady_clock::now()) {}
+  timed_call(const timed_call&) = delete;
+  timed_call& operator=(const timed_call&) = delete;
+  ~timed_call() {
+    const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - start_);
+    p_.ns[k_] += static_cast<std::uint64_t>(ns.count());
+    ++p_.calls[k_];
+  }
+
+ private:
+  driver_profile& p_;
+  driver_profile::kind k_;
+  std::chrono::steady_clock::time_point start_;
+};
 
 error cuda_error(cudaError_t e, const char* what) {
   error out = error::make(e == cudaErrorMemoryAllocation ? errc::out_of_memory : errc::device_error, what);
@@ -148,11 +184,12 @@ cuda_storage::~cuda_storage() {
       auto it = ranges_.find(id);
       if (it != ranges_.end() && it->second.units[index].state == unit_state::unmap_recorded &&
           it->second.units[index].batch == b.seq) {
-        release_mapping(it->second, index);
+        release_mapping(it->second, index, true);
       }
     }
   }
   batches_.clear();
+  release_kept();
   while (!ranges_.empty()) free_range_now(ranges_.begin()->first);
   for (auto& t : tickets_) {
     if (t.live && t.staging != nullptr) cudaFreeHost(t.staging);
@@ -210,6 +247,7 @@ std::uint64_t cuda_storage::returning_bytes() const noexcept {
   for (const memory::storage_id id : pending_) {
     if (auto it = pages_.find(id); it != pages_.end()) n += it->second.size;
   }
+  n += kept_bytes_;
   auto mapping_bytes = [&](memory::storage_id id, std::uint64_t k, unit_state want) -> std::uint64_t {
     auto it = ranges_.find(id);
     if (it == ranges_.end() || it->second.units[k].state != want) return 0;
@@ -226,8 +264,15 @@ std::uint64_t cuda_storage::returning_bytes() const noexcept {
   return n;
 }
 
+std::size_t cuda_storage::unmaps_in_flight() const noexcept {
+  std::size_t n = requested_unmaps_.size();
+  for (const auto& b : batches_) n += b.units.size();  // revived ones included: an upper bound
+  return n;
+}
+
 result<void> cuda_storage::flush() {
   if (pending_deallocations() == 0) return {};
+  const timed_call timer(profile_, driver_profile::flush_total);
   if (auto r = bind_device(); !r) return r;
   recycle_staging();
   // Nothing reaches the driver from inside a capture: it would be recorded into the graph and
@@ -240,6 +285,8 @@ result<void> cuda_storage::flush() {
   if (!batches_.empty()) {
     if (auto c = complete_unmaps(false); !c) return c;
   }
+  // Kept memory no map took since the last settle goes back.
+  release_kept();
   result<void> out;
   for (const memory::storage_id id : pending_) {
     auto it = pages_.find(id);
@@ -435,7 +482,12 @@ result<memory::storage_handle> cuda_storage::reserve_range(std::uint64_t size, s
   }
   if (auto b = bind_device(); !b) return std::move(b).err();
   CUdeviceptr base = 0;
-  if (CUresult r = api_->address_reserve(&base, size, g, 0, 0); r != CUDA_SUCCESS) {
+  CUresult reserved = CUDA_SUCCESS;
+  {
+    const timed_call timer(profile_, driver_profile::address_reserve);
+    reserved = api_->address_reserve(&base, size, g, 0, 0);
+  }
+  if (CUresult r = reserved; r != CUDA_SUCCESS) {
     error e = api_->fail(r, "cuMemAddressReserve failed");
     e.size = size;
     return e;
@@ -453,19 +505,51 @@ cuda_storage::range* cuda_storage::find_range(memory::storage_id id, std::uint64
   return &r;
 }
 
-void cuda_storage::release_mapping(range& r, std::uint64_t start) {
+void cuda_storage::release_mapping(range& r, std::uint64_t start, bool release) {
   unit& u = r.units[start];
   const std::uint64_t bytes = u.count * r.unit_size;
-  api_->unmap(r.base + start * r.unit_size, bytes);
-  api_->release(u.handle);
+  {
+    const timed_call timer(profile_, driver_profile::unmap);
+    api_->unmap(r.base + start * r.unit_size, bytes);
+  }
+  if (release) {
+    const timed_call timer(profile_, driver_profile::release);
+    api_->release(u.handle);
+    allocated_ -= bytes;
+    ++driver_frees_;
+  } else {
+    // No work can reach the memory any more (its unmap is done): a map of the same size before
+    // the next flush may take it.
+    kept_.emplace_back(bytes, u.handle);
+    kept_bytes_ += bytes;
+  }
   for (std::uint64_t k = start; k < start + u.count; ++k) r.units[k].owner = 0xffffffffU;
   u.handle = 0;
   u.count = 0;
   u.batch = 0;
   u.state = unit_state::none;
   mapped_ -= bytes;
-  allocated_ -= bytes;
-  ++driver_frees_;
+}
+
+void cuda_storage::release_kept() {
+  for (const auto& [bytes, handle] : kept_) {
+    const timed_call timer(profile_, driver_profile::release);
+    api_->release(handle);
+    allocated_ -= bytes;
+    ++driver_frees_;
+  }
+  kept_.clear();
+  kept_bytes_ = 0;
+}
+
+result<void> cuda_storage::settle() {
+  if (capturing_ || (requested_unmaps_.empty() && batches_.empty())) return {};
+  const timed_call timer(profile_, driver_profile::flush_total);
+  if (auto r = bind_device(); !r) return r;
+  // What the device takes back now is kept for the maps that follow; the next flush releases
+  // what they leave.
+  if (auto u = record_unmaps(); !u) return u;
+  return batches_.empty() ? result<void>{} : complete_unmaps(false);
 }
 
 result<void> cuda_storage::complete_unmaps(bool wait) {
@@ -510,6 +594,7 @@ result<void> cuda_storage::map(memory::storage_id id, std::uint64_t offset, std:
     e.size = size;
     return e;
   }
+  const timed_call timer(profile_, driver_profile::map_total);
   if (auto b = bind_device(); !b) return b;
   if (!batches_.empty()) {
     if (auto c = complete_unmaps(false); !c) return c;
@@ -543,34 +628,65 @@ result<void> cuda_storage::map(memory::storage_id id, std::uint64_t offset, std:
     if (auto u = record_unmaps(); !u) return u;
     if (auto c = complete_unmaps(true); !c) return c;
   }
-  const CUmemAllocationProp prop = physical_props(device_);
   const CUdeviceptr at = r->base + offset;
   CUmemGenericAllocationHandle h = 0;
-  CUresult cr = api_->create(&h, size, &prop, 0);
-  if (cr == CUDA_ERROR_OUT_OF_MEMORY && (!batches_.empty() || !requested_unmaps_.empty())) {
-    // Memory pressure: memory is on its way back; let the stream reach the pending unmaps (a
-    // counted wait), then try again.
-    if (auto u = record_unmaps(); !u) return u;
-    if (auto c = complete_unmaps(true); !c) return c;
-    cr = api_->create(&h, size, &prop, 0);
-  }
+  CUresult cr = CUDA_SUCCESS;
+  auto create_physical = [&] {
+    const CUmemAllocationProp prop = physical_props(device_);
+    const timed_call t(profile_, driver_profile::create);
+    return api_->create(&h, size, &prop, 0);
+  };
+  // A physical allocation mapped here that could not be made accessible goes back to the driver.
+  auto release_physical = [&] {
+    const timed_call t(profile_, driver_profile::release);
+    api_->release(h);
+  };
   const char* step = "cuMemCreate";
+  // A kept physical allocation of the same size is mapped again at its new address: no
+  // cuMemCreate now and no cuMemRelease later.
+  const auto kept = std::find_if(kept_.begin(), kept_.end(), [&](const auto& k) { return k.first == size; });
+  const bool reused = kept != kept_.end();
+  if (reused) {
+    h = kept->second;
+    *kept = kept_.back();
+    kept_.pop_back();
+    kept_bytes_ -= size;
+    allocated_ -= size;  // counted again below, with the mapping
+    ++reused_allocs_;
+  }
+  // The rest goes back now, before this mapping counts: the pool unmapped it to make room, so the
+  // device must never hold it and the new mapping together.
+  release_kept();
+  if (!reused) {
+    cr = create_physical();
+    if (cr == CUDA_ERROR_OUT_OF_MEMORY && (!batches_.empty() || !requested_unmaps_.empty())) {
+      // Memory is on its way back: let the stream reach the pending unmaps (a counted wait), then
+      // try again.
+      if (auto u = record_unmaps(); !u) return u;
+      if (auto c = complete_unmaps(true); !c) return c;
+      release_kept();
+      cr = create_physical();
+    }
+    if (cr == CUDA_SUCCESS) ++physical_allocs_;
+  }
   if (cr == CUDA_SUCCESS) {
-    ++physical_allocs_;
     step = "cuMemMap";
-    cr = api_->map(at, size, 0, h, 0);
+    {
+      const timed_call t(profile_, driver_profile::map);
+      cr = api_->map(at, size, 0, h, 0);
+    }
     if (cr == CUDA_SUCCESS) {
       // The device itself and every peer given access (set_peer_access), in one call.
       step = "cuMemSetAccess";
       if (auto a = set_mapping_access(at, size, {}); !a) {
         api_->unmap(at, size);
-        api_->release(h);
+        release_physical();
         error e = std::move(a).err();
         e.size = size;
         return e;
       }
     }
-    if (cr != CUDA_SUCCESS) api_->release(h);
+    if (cr != CUDA_SUCCESS) release_physical();
   }
   if (cr != CUDA_SUCCESS) {
     error e = api_->fail(cr, "mapping device memory failed");
@@ -603,7 +719,12 @@ result<void> cuda_storage::set_mapping_access(std::uint64_t at, std::uint64_t si
   for (std::size_t i = 0; i < peers_.size(); ++i) set(1 + i, peers_[i], CU_MEM_ACCESS_FLAGS_PROT_READWRITE);
   for (std::size_t i = 0; i < revoked.size(); ++i)
     set(1 + peers_.size() + i, revoked[i], CU_MEM_ACCESS_FLAGS_PROT_NONE);
-  if (CUresult r = api_->set_access(at, size, access.data(), access.size()); r != CUDA_SUCCESS) {
+  CUresult granted = CUDA_SUCCESS;
+  {
+    const timed_call timer(profile_, driver_profile::set_access);
+    granted = api_->set_access(at, size, access.data(), access.size());
+  }
+  if (CUresult r = granted; r != CUDA_SUCCESS) {
     error e = api_->fail(r, "cuMemSetAccess failed (access for the device and its peers)");
     e.detail = "cuMemSetAccess";
     return e;
@@ -715,7 +836,12 @@ result<void> cuda_storage::record_unmaps(bool users_joined) {
   // memory, so it goes back now, without an event (the common case between bursts of work, and
   // always when no kernel is in flight). The peak then never counts memory that is both on its
   // way back and mapped anew.
-  if (const cudaError_t q = cudaStreamQuery(as_stream(stream_)); q == cudaSuccess) {
+  cudaError_t idle = cudaSuccess;
+  {
+    const timed_call timer(profile_, driver_profile::stream_query);
+    idle = cudaStreamQuery(as_stream(stream_));
+  }
+  if (const cudaError_t q = idle; q == cudaSuccess) {
     for (const auto& [id, k] : requested_unmaps_) {
       auto it = ranges_.find(id);
       if (it == ranges_.end() || it->second.units[k].state != unit_state::unmap_requested) continue;
@@ -770,7 +896,7 @@ void cuda_storage::free_range_now(memory::storage_id id) {
   if (it == ranges_.end()) return;
   range& r = it->second;
   for (std::uint64_t k = 0; k < r.units.size(); ++k) {
-    if (r.units[k].state != unit_state::none && r.units[k].owner == k) release_mapping(r, k);
+    if (r.units[k].state != unit_state::none && r.units[k].owner == k) release_mapping(r, k, true);
   }
   api_->address_free(r.base, r.size);
   ranges_.erase(it);

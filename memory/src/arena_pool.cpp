@@ -153,7 +153,7 @@ void arena_pool::settle_unmaps(pool_context& ctx) {
 }
 
 void arena_pool::drop_ghosts(pool_context& ctx) {
-  if (ghosts_ == 0 || ctx.store.returning_bytes() != 0) return;
+  if (ghosts_ == 0 || ctx.store.unmaps_in_flight() != 0) return;
   for (const std::uint32_t m : ghost_list_) {
     mapping_state& s = mappings_[m];
     if (!s.in_use_slot || !s.ghost) continue;  // revived since (or its slot taken by a newer ghost, listed again)

@@ -298,19 +298,16 @@ TEST(CudaStreams, UnmapsGoBackAtOnceOnlyWhenNoStreamIsBusy) {
   EXPECT_EQ(s.mapped_bytes(), 0u);
   EXPECT_EQ(s.idle_releases(), 1u);
 
-  // Busy: a kernel on the user's stream, behind a gate, still reads the memory; the unmap waits.
+  // Busy: a kernel on the user's stream spins for 300 ms, then reads the memory; the unmap waits.
+  // (A kernel rather than a host-function gate holds the stream, so memcheck can run the test.)
   ASSERT_TRUE(s.map(range.id, 2 * g, 2 * g));
   void* const p = s.get(memory::storage_handle{range.id, 2 * g, 2 * g}).value().ptr;
   test_kernels::fill_pattern(p, 2 * g, 41, a.s);
-  {
-    stream_gate busy(a.s);
-    test_kernels::check_pattern(p, 2 * g, 41, bad.d, a.s);
-    s.unmap(range.id, 2 * g, 2 * g);
-    ASSERT_TRUE(s.flush());
-    EXPECT_EQ(s.returning_bytes(), 2 * g) << "memory a busy stream still reads went back";
-    EXPECT_EQ(s.idle_releases(), 1u);
-    busy.open();
-  }
+  test_kernels::spin_then_check(p, 2 * g, 41, 300'000, bad.d, a.s);
+  s.unmap(range.id, 2 * g, 2 * g);
+  ASSERT_TRUE(s.flush());
+  EXPECT_EQ(s.returning_bytes(), 2 * g) << "memory a busy stream still reads went back";
+  EXPECT_EQ(s.idle_releases(), 1u);
   ASSERT_EQ(cudaStreamSynchronize(a.s), cudaSuccess);
   // The batch's event is on the device's stream, behind its join of the user's stream.
   ASSERT_EQ(cudaStreamSynchronize(static_cast<cudaStream_t>(s.native_queue())), cudaSuccess);
@@ -320,6 +317,131 @@ TEST(CudaStreams, UnmapsGoBackAtOnceOnlyWhenNoStreamIsBusy) {
   EXPECT_EQ(bad.value(), 0u);
   EXPECT_EQ(s.gpu_waits(), 0u);
   s.retire_queue(qa);
+  s.release_range(range.id);
+}
+
+// An unmap the device takes back at once (nothing left to run) keeps its physical allocation for
+// the maps of the same reserve: a map of the same size takes it at its new address, no cuMemCreate
+// and no cuMemRelease; the next flush releases what no map took. The memory works at its new
+// address on a busy stream.
+TEST(CudaStreams, AnUnmapDoneAtOnceLendsItsMemoryToTheNextMapOfItsSize) {
+  DEVRT_REQUIRE_GPU();
+  devices::cuda_storage s(0);
+  if (s.properties().map_granularity == 0) GTEST_SKIP() << "no virtual memory management on this GPU";
+  const std::uint64_t g = s.properties().map_granularity;
+  user_stream a;
+  const memory::queue_id qa = stream::native(a.s).id();
+  s.use_queue(qa);
+  mismatch_counter bad;
+  auto range = s.reserve_range(8 * g, g).value();
+
+  ASSERT_TRUE(s.map(range.id, 0, 2 * g));
+  EXPECT_EQ(s.physical_allocations(), 1u);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  s.unmap(range.id, 0, 2 * g);
+  ASSERT_TRUE(s.settle());
+  EXPECT_EQ(s.kept_allocations(), 1u);
+  EXPECT_EQ(s.kept_bytes(), 2 * g);
+  EXPECT_EQ(s.returning_bytes(), 2 * g) << "kept memory is still held";
+  EXPECT_EQ(s.mapped_bytes(), 0u);
+  EXPECT_EQ(s.allocated_bytes(), 2 * g);
+
+  // Same size, elsewhere: the kept allocation.
+  ASSERT_TRUE(s.map(range.id, 4 * g, 2 * g));
+  EXPECT_EQ(s.reused_allocations(), 1u);
+  EXPECT_EQ(s.physical_allocations(), 1u) << "a map of the kept size created memory";
+  EXPECT_EQ(s.kept_allocations(), 0u);
+  EXPECT_EQ(s.returning_bytes(), 0u);
+  EXPECT_EQ(s.allocated_bytes(), 2 * g);
+  EXPECT_EQ(s.mapped_bytes(), 2 * g);
+  void* const p = s.get(memory::storage_handle{range.id, 4 * g, 2 * g}).value().ptr;
+  test_kernels::fill_pattern(p, 2 * g, 23, a.s);
+  test_kernels::spin_then_check(p, 2 * g, 23, 2'000, bad.d, a.s);
+  ASSERT_EQ(cudaStreamSynchronize(a.s), cudaSuccess);
+  EXPECT_EQ(bad.value(), 0u);
+
+  // Another size: the kept allocation goes back before new memory is created, so the device never
+  // holds both.
+  s.unmap(range.id, 4 * g, 2 * g);
+  ASSERT_TRUE(s.settle());
+  EXPECT_EQ(s.kept_allocations(), 1u);
+  ASSERT_TRUE(s.map(range.id, 0, g));
+  EXPECT_EQ(s.physical_allocations(), 2u);
+  EXPECT_EQ(s.reused_allocations(), 1u);
+  EXPECT_EQ(s.kept_allocations(), 0u);
+  EXPECT_EQ(s.returning_bytes(), 0u);
+  EXPECT_EQ(s.allocated_bytes(), g);
+  // What no map takes goes back at the next flush.
+  s.unmap(range.id, 0, g);
+  ASSERT_TRUE(s.settle());
+  EXPECT_EQ(s.kept_bytes(), g);
+  ASSERT_TRUE(s.flush());
+  EXPECT_EQ(s.kept_allocations(), 0u);
+  EXPECT_EQ(s.returning_bytes(), 0u);
+  EXPECT_EQ(s.allocated_bytes(), 0u);
+  // Two kept: the next map takes the one of its size and the other goes back in the same call.
+  ASSERT_TRUE(s.map(range.id, 0, g));
+  ASSERT_TRUE(s.map(range.id, 2 * g, 2 * g));
+  s.unmap(range.id, 0, g);
+  s.unmap(range.id, 2 * g, 2 * g);
+  ASSERT_TRUE(s.settle());
+  EXPECT_EQ(s.kept_allocations(), 2u);
+  EXPECT_EQ(s.returning_bytes(), 3 * g);
+  ASSERT_TRUE(s.map(range.id, 5 * g, 2 * g));
+  EXPECT_EQ(s.reused_allocations(), 2u);
+  EXPECT_EQ(s.kept_allocations(), 0u);
+  EXPECT_EQ(s.returning_bytes(), 0u) << "kept memory counted beside the new mapping";
+  EXPECT_EQ(s.allocated_bytes(), 2 * g);
+  EXPECT_EQ(s.gpu_waits(), 0u);
+  s.retire_queue(qa);
+  s.release_range(range.id);
+}
+
+// Memory that queued work may still use is never lent: behind a busy stream (a kernel that spins,
+// then reads the old memory) the unmap waits for its event, so a map of the same size creates new
+// memory, and the kernel still sees the old bytes after the new memory was written on another
+// stream. The stream is held by a kernel, not a host function, so memcheck can run the test.
+TEST(CudaStreams, MemoryABusyStreamMayStillUseIsNeverLent) {
+  DEVRT_REQUIRE_GPU();
+  devices::cuda_storage s(0);
+  if (s.properties().map_granularity == 0) GTEST_SKIP() << "no virtual memory management on this GPU";
+  const std::uint64_t g = s.properties().map_granularity;
+  user_stream a;
+  user_stream b;
+  const memory::queue_id qa = stream::native(a.s).id();
+  const memory::queue_id qb = stream::native(b.s).id();
+  s.use_queue(qa);
+  s.use_queue(qb);
+  mismatch_counter bad;
+  auto range = s.reserve_range(8 * g, g).value();
+
+  ASSERT_TRUE(s.map(range.id, 0, 2 * g));
+  void* const old_p = s.get(memory::storage_handle{range.id, 0, 2 * g}).value().ptr;
+  test_kernels::fill_pattern(old_p, 2 * g, 41, a.s);
+  test_kernels::spin_then_check(old_p, 2 * g, 41, 300'000, bad.d, a.s);  // reads it 300 ms from now
+  s.unmap(range.id, 0, 2 * g);
+  ASSERT_TRUE(s.settle());
+  const bool still_busy = cudaStreamQuery(a.s) == cudaErrorNotReady;
+  EXPECT_EQ(s.kept_allocations(), 0u) << "memory a busy stream still reads was kept for reuse";
+  if (still_busy) {
+    EXPECT_EQ(s.returning_bytes(), 2 * g) << "memory a busy stream still reads went back";
+  }
+  ASSERT_TRUE(s.map(range.id, 4 * g, 2 * g));
+  EXPECT_EQ(s.reused_allocations(), 0u);
+  EXPECT_EQ(s.physical_allocations(), 2u);
+  void* const new_p = s.get(memory::storage_handle{range.id, 4 * g, 2 * g}).value().ptr;
+  test_kernels::fill_pattern(new_p, 2 * g, 99, b.s);
+  ASSERT_EQ(cudaStreamSynchronize(b.s), cudaSuccess);
+  ASSERT_EQ(cudaStreamSynchronize(a.s), cudaSuccess);
+  EXPECT_EQ(bad.value(), 0u) << "the old memory changed under a kernel that still read it";
+  ASSERT_EQ(cudaStreamSynchronize(static_cast<cudaStream_t>(s.native_queue())), cudaSuccess);
+  ASSERT_TRUE(s.flush());
+  EXPECT_EQ(s.returning_bytes(), 0u);
+  EXPECT_EQ(s.kept_allocations(), 0u);
+  EXPECT_EQ(s.allocated_bytes(), 2 * g);
+  EXPECT_EQ(s.gpu_waits(), 0u);
+  s.retire_queue(qa);
+  s.retire_queue(qb);
   s.release_range(range.id);
 }
 

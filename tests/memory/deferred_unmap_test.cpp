@@ -189,3 +189,36 @@ TEST(DeferredUnmaps, BehindABusyDeviceNothingWaitsAndEverythingComesBack) {
   EXPECT_EQ(d.m->statistics().bytes_returning, 0u);
   EXPECT_EQ(d.sim->allocated_bytes(), d.m->statistics().bytes_reserved);
 }
+
+// What a pool may map again with other bounds: only unmaps the device has not done yet count as in
+// flight. Memory that is on its way back for another reason (a queued page) does not keep the
+// arena from forgetting the bounds of what it unmapped.
+TEST(DeferredUnmaps, OnlyUnmapsNotYetDoneAreInFlight) {
+  devices::sim_options o;
+  o.queues = true;
+  o.deferred_unmaps = true;
+  o.props.map_granularity = 2 * mib;
+  auto st = storage::make<devices::sim_storage>(o);
+  auto* sim = st.backend<devices::sim_storage>();
+  const storage_handle range = st.reserve_range(16 * mib, 2 * mib).value();
+  ASSERT_TRUE(st.map(range.id, 0, 4 * mib));
+  const ticket busy = st.mark(queue::device).value();  // work queued that may use the mapping
+  st.unmap(range.id, 0, 4 * mib);
+  ASSERT_TRUE(st.flush());
+  EXPECT_EQ(st.unmaps_in_flight(), 1u);
+  EXPECT_EQ(st.returning_bytes(), 4 * mib);
+  sim->run_until(busy);  // the unmap was recorded behind the flush, later than `busy`
+  EXPECT_EQ(st.unmaps_in_flight(), 1u);
+  sim->run_until(st.mark(queue::device).value());
+  ASSERT_TRUE(st.flush());
+  EXPECT_EQ(st.unmaps_in_flight(), 0u);
+  EXPECT_EQ(st.returning_bytes(), 0u);
+
+  // A page given back but not flushed yet is returning, not an unmap in flight.
+  const storage_handle page = st.alloc(1 * mib).value();
+  st.dealloc(page.id);
+  EXPECT_EQ(st.returning_bytes(), 1 * mib);
+  EXPECT_EQ(st.unmaps_in_flight(), 0u);
+  ASSERT_TRUE(st.flush());
+  st.release_range(range.id);
+}

@@ -20,7 +20,12 @@
 // cuMemSetAccess), one physical allocation per `map` call, for the arena pool. Unmapping is
 // stream-ordered without a synchronization: `unmap` only marks the mapping, `flush` records an
 // event behind the work queued so far (on every stream in use) and the mapping is unmapped and
-// released once the event completed (checked at later flushes and maps). Each mapping remembers
+// released once the event completed (checked at later flushes and maps). A physical allocation
+// whose unmap completed outside a flush (a `settle`, a map) is kept, so that a map of the same
+// size right after it (the arena unmaps free memory and maps new memory in the same reserve) maps
+// it again at its new address instead of a cuMemRelease and a cuMemCreate. Kept memory counts as
+// returning; what the next map does not take goes back in that map, before it counts (and at the
+// next flush), so the device never holds kept memory and new memory together. Each mapping remembers
 // the batch of its unmap, so a mapping mapped again (same bounds) before its unmap happened and
 // unmapped again is released only by its own, newer batch. The driver's functions are looked up
 // through the runtime (cudaGetDriverEntryPointByVersion), so binaries do not link the driver.
@@ -33,6 +38,7 @@
 // the device (cudaSetDevice) on every call.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -45,6 +51,28 @@ namespace devrt::devices {
 
 /// Number of CUDA devices usable by this process (0 without a driver or GPU).
 int cuda_device_count() noexcept;
+
+/// Where a CUDA storage's time with the driver went: calls and nanoseconds per kind, for the
+/// replay tool and benchmarks. `map_total` and `flush_total` are whole `map` and `flush` calls
+/// (the driver calls they make included), so what they hold beyond the driver calls is the
+/// storage's own work.
+struct driver_profile {
+  enum kind : std::uint8_t {
+    address_reserve,  // cuMemAddressReserve
+    create,           // cuMemCreate
+    map,              // cuMemMap
+    set_access,       // cuMemSetAccess
+    unmap,            // cuMemUnmap
+    release,          // cuMemRelease
+    stream_query,     // cudaStreamQuery of the device's stream before unmapping
+    map_total,        // cuda_storage::map, whole
+    flush_total,      // cuda_storage::flush, whole
+    kinds
+  };
+  std::array<std::uint64_t, kinds> calls{};
+  std::array<std::uint64_t, kinds> ns{};
+  static const char* name(kind k) noexcept;
+};
 /// Why no CUDA device is usable ("" when at least one is), for skip messages and logs.
 std::string cuda_unavailable_reason();
 
@@ -63,8 +91,13 @@ class cuda_storage {
   /// Errors: out_of_memory (the driver's error name in the detail), capture_active, device_error.
   result<memory::storage_handle> alloc(std::uint64_t size);
   void dealloc(memory::storage_id id);
-  /// cudaFreeAsync of every queued page on the stream. Error device_error.
+  /// cudaFreeAsync of every queued page on the stream, unmaps recorded behind the streams in use
+  /// (or done at once when nothing is left to run), kept physical allocations released. Error
+  /// device_error.
   result<void> flush();
+  /// The requested unmaps recorded (done at once when nothing is left to run), their physical
+  /// allocations kept for the maps that follow until the next flush. Error device_error.
+  result<void> settle();
   [[nodiscard]] result<memory::resource> get(const memory::storage_handle& h);
   result<void> write(const memory::storage_handle& h, const void* src);
   result<void> read(const memory::storage_handle& h, void* dst);
@@ -72,10 +105,12 @@ class cuda_storage {
   /// back yet: still held, and counted as reserved.
   [[nodiscard]] std::uint64_t returning_bytes() const noexcept;
   /// Memory a flush still has to give back: queued pages, unmaps requested or waiting for their
-  /// event, address ranges waiting for their unmaps.
+  /// event, address ranges waiting for their unmaps, kept physical allocations.
   [[nodiscard]] std::size_t pending_deallocations() const noexcept {
-    return pending_.size() + requested_unmaps_.size() + batches_.size() + dying_ranges_.size();
+    return pending_.size() + requested_unmaps_.size() + batches_.size() + dying_ranges_.size() + kept_.size();
   }
+  /// Mappings whose unmap has not happened yet (requested, or recorded behind an event).
+  [[nodiscard]] std::size_t unmaps_in_flight() const noexcept;
   [[nodiscard]] std::string name() const { return name_; }
 
   /// The stream; also binds the calling thread to the device, so that kernels the caller launches
@@ -126,6 +161,15 @@ class cuda_storage {
   [[nodiscard]] std::uint64_t mapped_bytes() const noexcept { return mapped_; }
   /// Physical allocations created for ranges (cuMemCreate calls).
   [[nodiscard]] std::uint64_t physical_allocations() const noexcept { return physical_allocs_; }
+  /// Maps that used a kept physical allocation instead of creating one.
+  [[nodiscard]] std::uint64_t reused_allocations() const noexcept { return reused_allocs_; }
+  /// Physical allocations kept after their unmap completed, and their bytes (held, counted as
+  /// returning until the next map takes one of its size and releases the others, or the next
+  /// flush releases them).
+  [[nodiscard]] std::size_t kept_allocations() const noexcept { return kept_.size(); }
+  [[nodiscard]] std::uint64_t kept_bytes() const noexcept { return kept_bytes_; }
+  /// Calls to the driver and their time (see driver_profile).
+  [[nodiscard]] const driver_profile& profile() const noexcept { return profile_; }
 
   // ---- Peer access ----
   /// Makes this device's memory readable and writable by kernels and copies of the devices in
@@ -209,7 +253,11 @@ class cuda_storage {
   /// The device's stream waits for the work queued on every stream in use.
   result<void> join_users();
   void setup_mapping();
-  void release_mapping(range& r, std::uint64_t start);
+  /// Unmaps the mapping at `start`; its physical allocation is kept (see kept_) or, with
+  /// `release`, given back to the driver.
+  void release_mapping(range& r, std::uint64_t start, bool release = false);
+  /// cuMemRelease of every kept physical allocation.
+  void release_kept();
   void free_range_now(memory::storage_id id);
   /// Sets the access of every device to the mapping at [at, at + size): read-write for the device
   /// and its peers, none for `revoked`.
@@ -244,6 +292,13 @@ class cuda_storage {
   std::vector<memory::storage_id> dying_ranges_;  // released; addresses freed once their unmaps are done
   std::uint64_t mapped_ = 0;
   std::uint64_t physical_allocs_ = 0;
+  std::uint64_t reused_allocs_ = 0;
+  // Physical allocations whose unmap completed, not yet released: {bytes, handle}. Filled by
+  // unmaps that complete outside a flush (a settle, a map), emptied by the next map (which may
+  // take one) and at the end of every flush.
+  std::vector<std::pair<std::uint64_t, std::uint64_t>> kept_;
+  std::uint64_t kept_bytes_ = 0;
+  mutable driver_profile profile_;  // counted from const calls too (set_mapping_access)
   std::vector<memory::queue_id> queues_;  // streams in use besides the device's own
   std::vector<void*> free_events_;
   std::vector<ticket_slot> tickets_;

@@ -43,6 +43,8 @@ class host_storage {
   void dealloc(memory::storage_id id);
   /// Bytes given back whose release is still queued (until the next flush).
   [[nodiscard]] std::uint64_t returning_bytes() const noexcept;
+  /// Always 0: the host unmaps at once.
+  [[nodiscard]] std::size_t unmaps_in_flight() const noexcept { return 0; }
   /// Releases every queued page.
   result<void> flush();
   /// The pointer and size of a view. Errors: not_found (unknown page), invalid_argument (the view

@@ -48,6 +48,8 @@ class sim_storage {
   void dealloc(memory::storage_id id);
   /// Bytes of queued pages (released at the next flush).
   [[nodiscard]] std::uint64_t returning_bytes() const noexcept;
+  /// Unmaps deferred behind queued work and not done yet.
+  [[nodiscard]] std::size_t unmaps_in_flight() const noexcept { return unmapping_.size(); }
   /// Releases queued pages. Error device_error when a failure was injected; the queue is kept.
   result<void> flush();
   /// A resource with no pointer. Errors: not_found, invalid_argument.

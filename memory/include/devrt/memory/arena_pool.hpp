@@ -229,8 +229,9 @@ class arena_pool {
   void evict_to(pool_context& ctx, std::uint64_t limit);
   result<void> map_run(pool_context& ctx, std::uint64_t first, std::uint64_t count);
   /// Maps a ghost mapping again, with its bounds.
-  // Forgets every ghost once the device has nothing on its way back: its granules may be mapped
-  // with any bounds again, as on a device that unmaps at once.
+  // Forgets every ghost once no unmap is in flight on the device (storage::unmaps_in_flight; kept
+  // physical memory and queued pages do not count, their addresses are unmapped): its granules
+  // may be mapped with any bounds again, as on a device that unmaps at once.
   void drop_ghosts(pool_context& ctx);
   // Before memory is mapped: push_unmaps, then drop_ghosts.
   void settle_unmaps(pool_context& ctx);

@@ -104,10 +104,11 @@ struct pool_context {
   }
   /// Lets the unmaps just requested reach an ordered device before memory is mapped elsewhere: a
   /// device with nothing left to run takes them back at once, so that the memory held never counts
-  /// them and the new mapping together. Behind busy streams they stay on their way back. A failed
-  /// flush keeps its queue for the flush after the batch, which reports it.
+  /// them and the new mapping together, and may keep their physical memory for the maps that
+  /// follow (`storage::settle`). Behind busy streams they stay on their way back. A failed settle
+  /// keeps its queue for the flush after the batch, which reports it.
   void push_unmaps() {
-    if (store.ordered() && store.pending_deallocations() != 0) (void)store.flush();
+    if (store.ordered() && store.pending_deallocations() != 0) (void)store.settle();
   }
   /// The peak of what the device holds: the pools' memory and what is still on its way back.
   void note_peak() {

@@ -154,6 +154,11 @@ class storage {
   result<storage_handle> alloc(std::uint64_t size) { return impl_->alloc(size); }
   void dealloc(storage_id id) { impl_->dealloc(id); }
   result<void> flush() { return impl_->flush(); }
+  /// Lets the unmaps requested so far reach the device before the maps that follow (a pool that
+  /// unmaps free memory to map memory elsewhere). A backend may keep physical memory the device
+  /// takes back at once for those maps until the next flush (counted as returning); elsewhere
+  /// the same as `flush`.
+  result<void> settle() { return impl_->settle(); }
   [[nodiscard]] result<resource> get(const storage_handle& h) { return impl_->get(h); }
   /// Copies `h.size` bytes from `src` into the view (stream-ordered on devices with streams).
   result<void> write(const storage_handle& h, const void* src) { return impl_->write(h, src); }
@@ -164,6 +169,10 @@ class storage {
   /// waiting behind queued work): still held, so still counted as reserved. 0 where a backend does
   /// not say.
   [[nodiscard]] std::uint64_t returning_bytes() const { return impl_->returning(); }
+  /// Mappings whose unmap the device has not done yet: their addresses are still mapped, so a
+  /// pool may map them again only with the same bounds. Where a backend does not say, any memory
+  /// still returning counts as one.
+  [[nodiscard]] std::size_t unmaps_in_flight() const { return impl_->unmaps_in_flight(); }
   [[nodiscard]] std::string name() const { return impl_->name(); }
 
   /// The device's work queue (a cudaStream_t on CUDA devices); nullptr when it has none.
@@ -215,11 +224,13 @@ class storage {
     virtual result<storage_handle> alloc(std::uint64_t size) = 0;
     virtual void dealloc(storage_id id) = 0;
     virtual result<void> flush() = 0;
+    virtual result<void> settle() = 0;
     virtual result<resource> get(const storage_handle& h) = 0;
     virtual result<void> write(const storage_handle& h, const void* src) = 0;
     virtual result<void> read(const storage_handle& h, void* dst) = 0;
     [[nodiscard]] virtual std::size_t pending() const = 0;
     [[nodiscard]] virtual std::uint64_t returning() const = 0;
+    [[nodiscard]] virtual std::size_t unmaps_in_flight() const = 0;
     [[nodiscard]] virtual std::string name() const = 0;
     virtual void* native_queue() = 0;
     virtual result<void> begin_capture() = 0;
@@ -247,6 +258,13 @@ class storage {
     result<storage_handle> alloc(std::uint64_t size) override { return backend->alloc(size); }
     void dealloc(storage_id id) override { backend->dealloc(id); }
     result<void> flush() override { return backend->flush(); }
+    result<void> settle() override {
+      if constexpr (requires { backend->settle(); }) {
+        return backend->settle();
+      } else {
+        return backend->flush();
+      }
+    }
     result<resource> get(const storage_handle& h) override { return backend->get(h); }
     result<void> write(const storage_handle& h, const void* src) override { return backend->write(h, src); }
     result<void> read(const storage_handle& h, void* dst) override { return backend->read(h, dst); }
@@ -256,6 +274,13 @@ class storage {
         return backend->returning_bytes();
       } else {
         return 0;
+      }
+    }
+    [[nodiscard]] std::size_t unmaps_in_flight() const override {
+      if constexpr (requires { backend->unmaps_in_flight(); }) {
+        return backend->unmaps_in_flight();
+      } else {
+        return returning() != 0 ? 1 : 0;
       }
     }
     [[nodiscard]] std::string name() const override { return backend->name(); }
