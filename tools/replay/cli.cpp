@@ -127,10 +127,12 @@ std::string baseline_text(baseline_kind b) {
                                          : "cudaMallocAsync/cudaFreeAsync on one stream, release threshold UINT64_MAX";
 }
 
-/// devrt's calls to the driver, from its statistics: every mapping of an arena is one physical
-/// allocation (cuMemCreate), one cuMemMap and one cuMemSetAccess; every unmap one cuMemUnmap and
-/// one cuMemRelease (a mapping revived at the bounds of a pending unmap may reuse its allocation,
-/// so these are upper bounds); pages of the other pools are one allocation and one free each.
+/// devrt's calls to the driver. On a CUDA device they are counted where they are made (the
+/// storage's profile). Elsewhere they are derived from the statistics: every mapping of an arena is
+/// one physical allocation (cuMemCreate), one cuMemMap and one cuMemSetAccess, every unmap one
+/// cuMemUnmap and one cuMemRelease (upper bounds: a mapping revived at the bounds of a pending
+/// unmap, or given a kept physical allocation, makes fewer); pages of the other pools are one
+/// allocation and one free each.
 struct driver_calls {
   std::uint64_t creates = 0, maps = 0, access = 0, unmaps = 0, releases = 0, page_allocs = 0, page_frees = 0;
   [[nodiscard]] std::uint64_t total() const noexcept {
@@ -138,7 +140,36 @@ struct driver_calls {
   }
 };
 driver_calls driver_calls_of(const replay_result& r) {
-  return driver_calls{r.maps, r.maps, r.maps, r.unmaps, r.unmaps, r.driver_allocs, r.driver_frees};
+  if (!r.driver_measured) return driver_calls{r.maps, r.maps, r.maps, r.unmaps, r.unmaps, r.driver_allocs, r.driver_frees};
+  auto calls = [&r](std::string_view name) -> std::uint64_t {
+    for (const auto& d : r.driver_times) {
+      if (d.call == name) return d.calls;
+    }
+    return 0;
+  };
+  return driver_calls{r.physical_creates,       calls("cuMemMap"), calls("cuMemSetAccess"), calls("cuMemUnmap"),
+                      calls("cuMemRelease"),    r.driver_allocs,   r.driver_frees};
+}
+
+/// The driver's calls and their time, as a JSON array.
+std::string driver_times_json(const replay_result& r) {
+  std::string j = "[";
+  for (const auto& d : r.driver_times) {
+    if (j.size() > 1) j += ", ";
+    j += fmt::format("{{\"call\": {}, \"calls\": {}, \"seconds\": {:.6f}}}", json_string(d.call), d.calls, d.seconds);
+  }
+  return j + "]";
+}
+
+/// The driver's calls and their time, a line each (for the text output).
+std::string driver_times_text(const replay_result& r) {
+  std::string t;
+  for (const auto& d : r.driver_times) {
+    if (d.calls == 0) continue;
+    t += fmt::format("  {:<22} {:>9} calls {:>10.3f} ms {:>9.1f} us/call\n", d.call, group_digits(d.calls),
+                     d.seconds * 1e3, d.seconds * 1e6 / static_cast<double>(d.calls));
+  }
+  return t;
 }
 /// The fewest mappings of the default chunk (32 MiB) that hold the peak of live bytes.
 constexpr std::uint64_t min_mapping_size = std::uint64_t{32} << 20;
@@ -183,6 +214,10 @@ std::string run_json(const replay_result& r, const std::string& layout) {
                       "\"releases\": {}, \"page_allocs\": {}, \"page_frees\": {}, \"total\": {}}}",
                       c.creates, c.maps, c.access, c.unmaps, c.releases, c.page_allocs, c.page_frees, c.total()));
     field("min_mappings", std::to_string(min_mappings(r)));
+    if (r.driver_measured) {
+      field("reused_allocations", std::to_string(r.reused_allocations));
+      field("driver_time", driver_times_json(r));
+    }
   }
   field("failures", std::to_string(r.failures));
   field("first_failure", json_string(r.first_failure));
@@ -269,6 +304,10 @@ int run_compare(const cli_options& o, const trace& t, std::uint64_t trace_events
                                                           group_digits(c.page_allocs), group_digits(c.page_frees))
                                             : std::string(),
           group_digits(c.total()), group_digits(min_mappings(w.r)));
+      if (w.r.driver_measured) {
+        out << fmt::format("devrt's time in the driver ({} maps of a kept physical allocation):\n{}",
+                           group_digits(w.r.reused_allocations), driver_times_text(w.r));
+      }
     }
     out << "peak reserved: devrt from its statistics; cudaMallocAsync from cudaMemPoolAttrReservedMemHigh; "
            "cudaMalloc from cudaMemGetInfo samples (device-wide)\n";
@@ -598,6 +637,11 @@ int run_cli(const std::vector<std::string>& args, std::ostream& out, std::ostrea
     field("driver_frees", std::to_string(r->driver_frees));
     field("maps", std::to_string(r->maps));
     field("unmaps", std::to_string(r->unmaps));
+    if (r->driver_measured) {
+      field("physical_creates", std::to_string(r->physical_creates));
+      field("reused_allocations", std::to_string(r->reused_allocations));
+      field("driver_time", driver_times_json(*r));
+    }
     field("failures", std::to_string(r->failures));
     field("first_failure", json_string(r->first_failure));
     field("stopped", r->stopped ? "true" : "false");
@@ -642,6 +686,11 @@ int run_cli(const std::vector<std::string>& args, std::ostream& out, std::ostrea
         "driver         {} allocations, {} frees{}\n", group_digits(r->driver_allocs), group_digits(r->driver_frees),
         r->maps + r->unmaps != 0 ? fmt::format("; {} maps, {} unmaps", group_digits(r->maps), group_digits(r->unmaps))
                                  : std::string());
+    if (r->driver_measured) {
+      out << fmt::format("driver time    {} physical allocations created, {} maps of a kept one\n{}",
+                         group_digits(r->physical_creates), group_digits(r->reused_allocations),
+                         driver_times_text(*r));
+    }
     out << fmt::format("failures       {}{}\n", group_digits(r->failures),
                        r->failures != 0 ? fmt::format(" (first: {})", r->first_failure) : "");
     if (r->stopped) out << "stopped        at the first failure (--strict)\n";

@@ -57,6 +57,8 @@ result<memory::storage> make_cuda_storage(int /*device*/) {
   return cuda_replay_error("built without CUDA: --device cuda needs a build with the CUDA toolkit");
 }
 
+void note_driver_profile(memory::storage& /*store*/, replay_result& /*r*/) {}
+
 result<replay_result> replay_baseline(const trace& /*t*/, const replay_options& /*o*/) {
   return cuda_replay_error("built without CUDA: the CUDA baselines need a build with the CUDA toolkit");
 }
@@ -119,6 +121,20 @@ result<memory::storage> make_cuda_storage(int device) {
     const std::string reason = devices::cuda_unavailable_reason();
     return cuda_replay_error(fmt::format("CUDA device {} cannot be used: {}: {}{}", device, e.err().detail,
                                          e.err().text, reason.empty() ? "" : fmt::format(" ({})", reason)));
+  }
+}
+
+void note_driver_profile(memory::storage& store, replay_result& r) {
+  const auto* cuda = store.backend<devices::cuda_storage>();
+  if (cuda == nullptr) return;
+  r.driver_measured = true;
+  r.physical_creates = cuda->physical_allocations();
+  r.reused_allocations = cuda->reused_allocations();
+  const devices::driver_profile& p = cuda->profile();
+  r.driver_times.clear();
+  for (std::size_t k = 0; k < devices::driver_profile::kinds; ++k) {
+    const auto kind = static_cast<devices::driver_profile::kind>(k);
+    r.driver_times.push_back({devices::driver_profile::name(kind), p.calls[k], static_cast<double>(p.ns[k]) * 1e-9});
   }
 }
 

@@ -13,6 +13,10 @@ namespace devrt::replay::detail {
 /// and names the CUDA error.
 result<memory::storage> make_cuda_storage(int device);
 
+/// When `store` is a CUDA storage: its physical allocations and driver profile into `r`
+/// (driver_measured); nothing otherwise.
+void note_driver_profile(memory::storage& store, replay_result& r);
+
 /// Replays `t` against the CUDA runtime directly (`o.baseline` must be set). See baseline_kind.
 result<replay_result> replay_baseline(const trace& t, const replay_options& o);
 

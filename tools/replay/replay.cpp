@@ -178,6 +178,7 @@ result<replay_result> replay_core(const trace& t, const replay_options& o) {
   r.driver_frees = st.driver_frees;
   r.maps = st.maps;
   r.unmaps = st.unmaps;
+  detail::note_driver_profile(store, r);
   if (samples.on()) r.timeline = samples.finish(played);
   finish_rates(r);
   handles.clear();  // before the manager goes: not timed

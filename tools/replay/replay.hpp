@@ -115,6 +115,18 @@ struct replay_result {
   std::uint64_t driver_frees = 0;
   std::uint64_t maps = 0;      ///< memory mapped into address ranges (arena pools), calls
   std::uint64_t unmaps = 0;    ///< memory unmapped from address ranges, calls
+  /// Measured on a CUDA device (`driver_measured`): physical allocations created, maps that
+  /// reused a kept one, and the driver's calls with their time over the replay (see
+  /// devices::driver_profile). Elsewhere the calls are derived from maps and unmaps.
+  bool driver_measured = false;
+  std::uint64_t physical_creates = 0;
+  std::uint64_t reused_allocations = 0;
+  struct driver_time {
+    std::string call;
+    std::uint64_t calls = 0;
+    double seconds = 0;
+  };
+  std::vector<driver_time> driver_times;
   std::uint64_t failures = 0;  ///< failed reserves
   std::string first_failure;   ///< the first one's message, with its event
   bool stopped = false;        ///< strict mode stopped at a failure
