@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# GPU run I (the code of the tables in BENCHMARKS.md, "On the H200 in one session"): the CUDA
-# tests, then per trace, in one session: devrt on the GPU three times (--json, with the driver's
+# GPU run I (the code of the tables in BENCHMARKS.md, "On the H200 in one run"): the CUDA
+# tests, then per trace, in one run: devrt on the GPU three times (--json, with the driver's
 # time per call), cudaMallocAsync, and PyTorch's caching allocator (default and expandable
 # segments; devrt-torch-baseline built there), twice each. Packed like run_c.sh:
 # `bash .gpu/run_i.sh` from the repository root with $OUT set; the logs land in $OUT.
