@@ -1,7 +1,9 @@
 // Cost of the CUDA driver's virtual memory calls that arena pools rely on, per call and per unit:
 // cuMemCreate, cuMemMap, cuMemSetAccess (per unit, or once over a run of units), cuMemUnmap and
 // cuMemRelease, for several unit sizes, with and without a reserved range already holding many
-// mappings. Prints one line per measurement; needs a GPU.
+// mappings. Prints one line per measurement; needs a GPU. Then whether the driver serves mappings
+// from several threads at once: UNITS mappings (cuMemCreate + cuMemMap + cuMemSetAccess each)
+// made by 1, 2, 4 and 8 threads into disjoint parts of one range, wall time per mapping.
 //
 //     devrt_bench_vmm [UNITS]        (default 512 units per size)
 #include <cuda.h>
@@ -10,6 +12,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <thread>
 #include <vector>
 
 namespace {
@@ -103,6 +106,37 @@ int main(int argc, char** argv) {
     check(a.address_free(base, 2 * units * us), "cuMemAddressFree");
     std::printf("%8zu %5zu %10.1f %6.1f %14.1f %13.2f %8.1f %10.1f %8.1f\n", mib, units, create, map, access_unit,
                 access_run, unmap, release, remap);
+  }
+
+  // Mappings from several threads at once, into disjoint parts of one range.
+  std::printf("\nthreads unit_MiB mappings wall_us_per_mapping (create + map + access, all threads together)\n");
+  for (std::size_t mib : {2, 32}) {
+    const std::size_t us = mib << 20;
+    CUdeviceptr base = 0;
+    check(a.reserve(&base, units * us, us, 0, 0), "cuMemAddressReserve");
+    std::vector<CUmemGenericAllocationHandle> h(units);
+    for (std::size_t threads : {1, 2, 4, 8}) {
+      const auto t0 = std::chrono::steady_clock::now();
+      std::vector<std::thread> pool;
+      for (std::size_t t = 0; t < threads; ++t) {
+        pool.emplace_back([&, t] {
+          cudaSetDevice(0);
+          for (std::size_t i = t; i < units; i += threads) {
+            check(a.create(&h[i], us, &prop, 0), "cuMemCreate");
+            check(a.map(base + i * us, us, 0, h[i], 0), "cuMemMap");
+            check(a.access(base + i * us, us, &desc, 1), "cuMemSetAccess");
+          }
+        });
+      }
+      for (auto& th : pool) th.join();
+      const double wall = micros_since(t0) / static_cast<double>(units);
+      for (std::size_t i = 0; i < units; ++i) {
+        check(a.unmap(base + i * us, us), "cuMemUnmap");
+        check(a.release(h[i]), "cuMemRelease");
+      }
+      std::printf("%7zu %8zu %8zu %19.1f\n", threads, mib, units, wall);
+    }
+    check(a.address_free(base, units * us), "cuMemAddressFree");
   }
   return 0;
 }
