@@ -140,15 +140,16 @@ struct driver_calls {
   }
 };
 driver_calls driver_calls_of(const replay_result& r) {
-  if (!r.driver_measured) return driver_calls{r.maps, r.maps, r.maps, r.unmaps, r.unmaps, r.driver_allocs, r.driver_frees};
+  if (!r.driver_measured)
+    return driver_calls{r.maps, r.maps, r.maps, r.unmaps, r.unmaps, r.driver_allocs, r.driver_frees};
   auto calls = [&r](std::string_view name) -> std::uint64_t {
     for (const auto& d : r.driver_times) {
       if (d.call == name) return d.calls;
     }
     return 0;
   };
-  return driver_calls{r.physical_creates,       calls("cuMemMap"), calls("cuMemSetAccess"), calls("cuMemUnmap"),
-                      calls("cuMemRelease"),    r.driver_allocs,   r.driver_frees};
+  return driver_calls{r.physical_creates,    calls("cuMemMap"), calls("cuMemSetAccess"), calls("cuMemUnmap"),
+                      calls("cuMemRelease"), r.driver_allocs,   r.driver_frees};
 }
 
 /// The driver's calls and their time, as a JSON array.
@@ -688,8 +689,7 @@ int run_cli(const std::vector<std::string>& args, std::ostream& out, std::ostrea
                                  : std::string());
     if (r->driver_measured) {
       out << fmt::format("driver time    {} physical allocations created, {} maps of a kept one\n{}",
-                         group_digits(r->physical_creates), group_digits(r->reused_allocations),
-                         driver_times_text(*r));
+                         group_digits(r->physical_creates), group_digits(r->reused_allocations), driver_times_text(*r));
     }
     out << fmt::format("failures       {}{}\n", group_digits(r->failures),
                        r->failures != 0 ? fmt::format(" (first: {})", r->first_failure) : "");

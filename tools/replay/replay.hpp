@@ -113,8 +113,8 @@ struct replay_result {
   std::uint64_t reserved_at_end = 0;  ///< bytes still held from the device after the last event
   std::uint64_t driver_allocs = 0;
   std::uint64_t driver_frees = 0;
-  std::uint64_t maps = 0;      ///< memory mapped into address ranges (arena pools), calls
-  std::uint64_t unmaps = 0;    ///< memory unmapped from address ranges, calls
+  std::uint64_t maps = 0;    ///< memory mapped into address ranges (arena pools), calls
+  std::uint64_t unmaps = 0;  ///< memory unmapped from address ranges, calls
   /// Measured on a CUDA device (`driver_measured`): physical allocations created, maps that
   /// reused a kept one, and the driver's calls with their time over the replay (see
   /// devices::driver_profile). Elsewhere the calls are derived from maps and unmaps.

@@ -298,7 +298,7 @@ class cuda_storage {
   // take one) and at the end of every flush.
   std::vector<std::pair<std::uint64_t, std::uint64_t>> kept_;
   std::uint64_t kept_bytes_ = 0;
-  mutable driver_profile profile_;  // counted from const calls too (set_mapping_access)
+  mutable driver_profile profile_;        // counted from const calls too (set_mapping_access)
   std::vector<memory::queue_id> queues_;  // streams in use besides the device's own
   std::vector<void*> free_events_;
   std::vector<ticket_slot> tickets_;
