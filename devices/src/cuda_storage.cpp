@@ -4,6 +4,7 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstring>
 #include <string>
@@ -174,10 +175,11 @@ cuda_storage::~cuda_storage() {
   int current = 0;
   const bool restore = cudaGetDevice(&current) == cudaSuccess;
   cudaSetDevice(device_);
-  (void)join_users();
   for (auto& [id, p] : pages_) cudaFreeAsync(p.ptr, as_stream(stream_));
-  // Teardown is the one place that waits: every user's work on the memory is done after this.
-  cudaStreamSynchronize(as_stream(stream_));
+  // Teardown is the one place that waits: every stream's work on the memory, that of streams
+  // destroyed already included, is done after this.
+  cudaDeviceSynchronize();
+  cudaGetLastError();
   for (auto& b : batches_) {
     cudaEventDestroy(as_event(b.event));
     for (const auto& [id, index] : b.units) {
@@ -226,12 +228,6 @@ result<memory::storage_handle> cuda_storage::alloc(std::uint64_t size) {
     err.limit = props_.capacity;
     err.detail = cudaGetErrorName(e);
     return err;
-  }
-  // The page may have been freed on the device's stream with work of the device's own still queued
-  // on it: the streams in use wait for the allocation, as stream-ordered allocation requires.
-  for (const memory::queue_id q : queues_) {
-    auto t = mark(memory::queue::device);
-    if (t) (void)join(q, *t);
   }
   const memory::storage_id id = next_id_++;
   pages_.emplace(id, page{ptr, size});
@@ -325,7 +321,7 @@ result<memory::resource> cuda_storage::get(const memory::storage_handle& h) {
 }
 
 result<void> cuda_storage::write(const memory::storage_handle& h, const void* src) {
-  return write_on(h, src, memory::queue::device);
+  return write_on(h, src, memory::streams::device);
 }
 
 result<void> cuda_storage::read(const memory::storage_handle& h, void* dst) {
@@ -342,7 +338,7 @@ result<void> cuda_storage::read(const memory::storage_handle& h, void* dst) {
   return {};
 }
 
-void* cuda_storage::native_queue() noexcept {
+void* cuda_storage::native_stream() noexcept {
   cudaSetDevice(device_);
   return stream_;
 }
@@ -902,16 +898,16 @@ void cuda_storage::free_range_now(memory::storage_id id) {
   ranges_.erase(it);
 }
 
-// ---- Streams and tickets ----
+// ---- Streams and events ----
 
-void* cuda_storage::stream_of(memory::queue_id q) const noexcept {
+void* cuda_storage::stream_of(memory::stream_id q) const noexcept {
   switch (q) {
-    case memory::queue::none:
-    case memory::queue::device: return stream_;
+    case memory::streams::none:
+    case memory::streams::device: return stream_;
     // The per-thread default stream of a client is a blocking stream: the legacy stream waits for
     // its work and it waits for the legacy stream's, so the legacy stream orders both ways.
-    case memory::queue::legacy:
-    case memory::queue::per_thread: return cudaStreamLegacy;
+    case memory::streams::legacy:
+    case memory::streams::per_thread: return cudaStreamLegacy;
     default: return reinterpret_cast<void*>(static_cast<std::uintptr_t>(q));  // NOLINT
   }
 }
@@ -931,7 +927,7 @@ result<void*> cuda_storage::take_event() {
 
 void cuda_storage::give_event(void* ev) noexcept { free_events_.push_back(ev); }
 
-cuda_storage::ticket_slot* cuda_storage::slot_of(memory::ticket t) noexcept {
+cuda_storage::ticket_slot* cuda_storage::slot_of(memory::event t) noexcept {
   const auto index = static_cast<std::uint32_t>(t & 0xffffffffU);
   if (index == 0 || index > tickets_.size()) return nullptr;
   ticket_slot& s = tickets_[index - 1];
@@ -939,7 +935,7 @@ cuda_storage::ticket_slot* cuda_storage::slot_of(memory::ticket t) noexcept {
   return &s;
 }
 
-memory::ticket cuda_storage::new_ticket(void* ev) {
+memory::event cuda_storage::new_ticket(void* ev) {
   std::uint32_t index = 0;
   if (!free_tickets_.empty()) {
     index = free_tickets_.back();
@@ -955,18 +951,24 @@ memory::ticket cuda_storage::new_ticket(void* ev) {
   s.dst = nullptr;
   s.bytes = 0;
   s.live = true;
+  s.foreign = false;
   ++s.generation;
-  return (static_cast<memory::ticket>(s.generation) << 32) | (index + 1);
+  return (static_cast<memory::event>(s.generation) << 32) | (index + 1);
 }
 
-void cuda_storage::finish_ticket(memory::ticket t) noexcept {
+void cuda_storage::finish_ticket(memory::event t) noexcept {
   ticket_slot* s = slot_of(t);
   if (s == nullptr) return;
   if (s->staging != nullptr) {
     if (s->dst != nullptr && s->bytes > 0) std::memcpy(s->dst, s->staging, s->bytes);
     give_staging(staging_buffer{s->staging, s->staging_size});
   }
-  give_event(s->event);
+  if (s->foreign) {
+    cudaEventDestroy(as_event(s->event));
+  } else {
+    give_event(s->event);
+  }
+  s->foreign = false;
   s->event = nullptr;
   s->staging = nullptr;
   s->dst = nullptr;
@@ -974,7 +976,7 @@ void cuda_storage::finish_ticket(memory::ticket t) noexcept {
   free_tickets_.push_back(static_cast<std::uint32_t>(s - tickets_.data()));
 }
 
-result<memory::ticket> cuda_storage::mark(memory::queue_id q) {
+result<memory::event> cuda_storage::record_event(memory::stream_id q) {
   if (capturing_ && stream_of(q) == stream_) {
     // An event recorded now would become a node of the graph: the fence waits for the capture end.
     return error::make(errc::capture_active, "no fence is recorded on the device's stream during a capture");
@@ -985,12 +987,12 @@ result<memory::ticket> cuda_storage::mark(memory::queue_id q) {
   if (auto e = cudaEventRecord(as_event(*ev), as_stream(stream_of(q))); e != cudaSuccess) {
     cudaGetLastError();
     give_event(*ev);
-    return cuda_error(e, "cudaEventRecord failed (a stream destroyed while devrt memory was in use on it?)");
+    return cuda_error(e, "cudaEventRecord failed");
   }
   return new_ticket(*ev);
 }
 
-result<bool> cuda_storage::passed(memory::ticket t) {
+result<bool> cuda_storage::query_event(memory::event t) {
   ticket_slot* s = slot_of(t);
   if (s == nullptr) return true;
   const cudaError_t q = cudaEventQuery(as_event(s->event));
@@ -1003,7 +1005,7 @@ result<bool> cuda_storage::passed(memory::ticket t) {
   return true;
 }
 
-result<void> cuda_storage::wait(memory::ticket t) {
+result<void> cuda_storage::wait_event(memory::event t) {
   ticket_slot* s = slot_of(t);
   if (s == nullptr) return {};
   ++gpu_waits_;
@@ -1014,42 +1016,148 @@ result<void> cuda_storage::wait(memory::ticket t) {
   return {};
 }
 
-result<void> cuda_storage::join(memory::queue_id q, memory::ticket t) {
+result<void> cuda_storage::stream_wait_event(memory::stream_id q, memory::event t) {
   ticket_slot* s = slot_of(t);
   if (s == nullptr) return {};
   if (auto b = bind_device(); !b) return b;
-  const cudaError_t e = cudaStreamWaitEvent(as_stream(stream_of(q)), as_event(s->event), 0);
-  // The wait was enqueued with the event as it is now: the event may be recorded again at once.
-  finish_ticket(t);
-  if (e != cudaSuccess) {
+  // The wait is enqueued with the event as it is now; the event stays the caller's.
+  if (const cudaError_t e = cudaStreamWaitEvent(as_stream(stream_of(q)), as_event(s->event), 0); e != cudaSuccess) {
     cudaGetLastError();
     return cuda_error(e, "cudaStreamWaitEvent failed");
   }
   return {};
 }
 
-void cuda_storage::use_queue(memory::queue_id q) {
-  if (q == memory::queue::device || q == memory::queue::none) return;
-  if (std::find(queues_.begin(), queues_.end(), q) != queues_.end()) return;
-  queues_.push_back(q);
-  // Pages and copies of the device's own stream may still be queued: the new stream waits for
-  // them once, so that it never sees memory the device's stream is still working on.
-  if (auto t = mark(memory::queue::device)) (void)join(q, *t);
+void cuda_storage::release_event(memory::event t) noexcept { finish_ticket(t); }
+
+result<memory::stream_identity> cuda_storage::identify(memory::stream_id s) {
+  cudaStream_t stream = as_stream(stream_of(s));
+  unsigned long long id = 0;  // NOLINT(google-runtime-int): the runtime's type
+  if (const cudaError_t e = cudaStreamGetId(stream, &id); e != cudaSuccess) {
+    cudaGetLastError();
+    error err = cuda_error(e, "cudaStreamGetId failed: the handle names no live CUDA stream (destroyed?)");
+    err.code = errc::invalid_argument;
+    return err;
+  }
+  int dev = device_;
+  if (const cudaError_t e = cudaStreamGetDevice(stream, &dev); e != cudaSuccess) {
+    cudaGetLastError();
+    error err = cuda_error(e, "cudaStreamGetDevice failed");
+    err.code = errc::invalid_argument;
+    return err;
+  }
+  return memory::stream_identity{static_cast<std::uint64_t>(id), dev, dev != device_};
 }
 
-void cuda_storage::retire_queue(memory::queue_id q) {
-  if (std::find(queues_.begin(), queues_.end(), q) == queues_.end()) return;
-  // The stream may be destroyed right after, with its kernels still running: what it queued so
-  // far stays ahead of everything the device's stream does later (unmaps, frees, the idle check).
-  if (auto t = mark(q)) (void)join(memory::queue::device, *t);
-  std::erase(queues_, q);
+// One native stream's free-time fences: `current` is recorded again at every free (from the
+// freeing thread, under a spin lock held only around the record), and swapped for a fresh event
+// when the owner takes it. Events of another device's stream are made on that device.
+class cuda_storage::free_fence_impl final : public memory::free_fence {
+ public:
+  free_fence_impl(cuda_storage& owner, cudaStream_t stream, int device, bool foreign, cudaEvent_t first)
+      : owner_(owner), stream_(stream), device_(device), foreign_(foreign), current_(first) {}
+  free_fence_impl(const free_fence_impl&) = delete;
+  free_fence_impl& operator=(const free_fence_impl&) = delete;
+  ~free_fence_impl() override {
+    if (current_ != nullptr) cudaEventDestroy(current_);
+  }
+  void record() noexcept override {
+    while (lock_.test_and_set(std::memory_order_acquire)) {
+    }
+    if (cudaEventRecord(current_, stream_) == cudaSuccess) {
+      ++records_;
+    } else {
+      cudaGetLastError();
+      failed_ = true;
+    }
+    lock_.clear(std::memory_order_release);
+  }
+  result<memory::event> take() override {
+    auto fresh = make_event();
+    if (!fresh) return std::move(fresh).err();
+    while (lock_.test_and_set(std::memory_order_acquire)) {
+    }
+    const bool failed = std::exchange(failed_, false);
+    cudaEvent_t taken = nullptr;
+    if (!failed && records_ > 0) {
+      taken = std::exchange(current_, *fresh);
+      records_ = 0;
+    }
+    lock_.clear(std::memory_order_release);
+    if (taken == nullptr) cudaEventDestroy(*fresh);
+    if (failed) {
+      return error::make(errc::device_error,
+                         "a free-time cudaEventRecord failed (the stream was destroyed before its memory was freed, or "
+                         "is being captured)");
+    }
+    if (taken == nullptr) return memory::event{0};
+    return owner_.adopt_event(taken, foreign_);
+  }
+  result<cudaEvent_t> make_event() const {
+    const restore_current_device restore;
+    cudaSetDevice(device_);
+    cudaEvent_t ev = nullptr;
+    if (auto e = cudaEventCreateWithFlags(&ev, cudaEventDisableTiming); e != cudaSuccess) {
+      cudaGetLastError();
+      return cuda_error(e, "cudaEventCreateWithFlags failed");
+    }
+    return ev;
+  }
+
+ private:
+  cuda_storage& owner_;
+  cudaStream_t stream_;
+  int device_;
+  bool foreign_;
+  std::atomic_flag lock_ = ATOMIC_FLAG_INIT;
+  cudaEvent_t current_;
+  std::uint64_t records_ = 0;
+  bool failed_ = false;
+};
+
+result<std::unique_ptr<memory::free_fence>> cuda_storage::make_free_fence(memory::stream_id s,
+                                                                          const memory::stream_identity& id) {
+  cudaEvent_t first = nullptr;
+  {
+    const restore_current_device restore;
+    cudaSetDevice(id.device);
+    if (auto e = cudaEventCreateWithFlags(&first, cudaEventDisableTiming); e != cudaSuccess) {
+      cudaGetLastError();
+      return cuda_error(e, "cudaEventCreateWithFlags failed");
+    }
+  }
+  return std::unique_ptr<memory::free_fence>(
+      std::make_unique<free_fence_impl>(*this, as_stream(stream_of(s)), id.device, id.foreign, first));
+}
+
+memory::event cuda_storage::adopt_event(void* ev, bool foreign) {
+  const memory::event t = new_ticket(ev);
+  slot_of(t)->foreign = foreign;
+  return t;
+}
+
+result<void> cuda_storage::synchronize_device() {
+  if (capturing_) return error::make(errc::capture_active, "the device cannot be synchronized during a capture");
+  if (auto b = bind_device(); !b) return b;
+  ++gpu_waits_;
+  if (auto e = cudaDeviceSynchronize(); e != cudaSuccess) {
+    cudaGetLastError();
+    return cuda_error(e, "cudaDeviceSynchronize failed");
+  }
+  return {};
+}
+
+void cuda_storage::return_after(memory::stream_id s) {
+  if (std::find(return_after_.begin(), return_after_.end(), s) == return_after_.end()) return_after_.push_back(s);
 }
 
 result<void> cuda_storage::join_users() {
-  for (const memory::queue_id q : queues_) {
-    auto t = mark(q);
+  for (const memory::stream_id q : return_after_) {
+    auto t = record_event(q);
     if (!t) return std::move(t).err();
-    if (auto j = join(memory::queue::device, *t); !j) return j;
+    auto j = stream_wait_event(memory::streams::device, *t);
+    release_event(*t);
+    if (!j) return j;
   }
   return {};
 }
@@ -1108,7 +1216,7 @@ void cuda_storage::recycle_staging() noexcept {
   }
 }
 
-result<void> cuda_storage::write_on(const memory::storage_handle& h, const void* src, memory::queue_id q) {
+result<void> cuda_storage::write_on(const memory::storage_handle& h, const void* src, memory::stream_id q) {
   auto r = get(h);
   if (!r) return std::move(r).err();
   if (auto b = bind_device(); !b) return b;
@@ -1129,7 +1237,7 @@ result<void> cuda_storage::write_on(const memory::storage_handle& h, const void*
     give_staging(*buf);
     return cuda_error(e, "cudaMemcpyAsync (host to device) failed");
   }
-  auto t = mark(q);
+  auto t = record_event(q);
   if (!t) {
     // Without an event the buffer cannot be known free: keep it out of the pool.
     return std::move(t).err();
@@ -1138,11 +1246,11 @@ result<void> cuda_storage::write_on(const memory::storage_handle& h, const void*
   return {};
 }
 
-result<memory::ticket> cuda_storage::read_async(const memory::storage_handle& h, void* dst, memory::queue_id q) {
+result<memory::event> cuda_storage::read_async(const memory::storage_handle& h, void* dst, memory::stream_id q) {
   auto r = get(h);
   if (!r) return std::move(r).err();
   if (auto b = bind_device(); !b) return std::move(b).err();
-  if (h.size == 0) return mark(q);
+  if (h.size == 0) return record_event(q);
   auto buf = take_staging(h.size);
   if (!buf) return std::move(buf).err();
   if (auto e = cudaMemcpyAsync(buf->ptr, r->ptr, h.size, cudaMemcpyDeviceToHost, as_stream(stream_of(q)));
@@ -1150,7 +1258,7 @@ result<memory::ticket> cuda_storage::read_async(const memory::storage_handle& h,
     give_staging(*buf);
     return cuda_error(e, "cudaMemcpyAsync (device to host) failed");
   }
-  auto t = mark(q);
+  auto t = record_event(q);
   if (!t) {
     give_staging(*buf);
     return std::move(t).err();

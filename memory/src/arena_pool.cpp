@@ -53,7 +53,7 @@ result<void> arena_pool::reserve_range(pool_context& ctx) {
 inline void arena_pool::index_insert(std::uint32_t slot) {
   slice_node& s = slots_[slot];
   s.indexed = true;
-  if (s.tag == queue::none) {
+  if (s.tag == 0) {
     untagged_.insert(slots_, slot);
   } else {
     list_of(s.tag).free.insert(slots_, slot);
@@ -63,7 +63,7 @@ inline void arena_pool::index_insert(std::uint32_t slot) {
 inline void arena_pool::index_erase(std::uint32_t slot) {
   slice_node& s = slots_[slot];
   s.indexed = false;
-  if (s.tag == queue::none) {
+  if (s.tag == 0) {
     untagged_.erase(slots_, slot);
   } else {
     list_of(s.tag).free.erase(slots_, slot);
@@ -291,9 +291,9 @@ result<void> arena_pool::map_granules(pool_context& ctx, std::uint64_t first, st
   return {};
 }
 
-inline std::uint32_t arena_pool::best_fit(std::uint64_t extent, queue_id tag) {
+inline std::uint32_t arena_pool::best_fit(std::uint64_t extent, std::uint64_t tag) {
   std::uint32_t best = npos;
-  if (tag != queue::none && tagged_ > 0) {
+  if (tag != 0 && tagged_ > 0) {
     if (const tag_list* l = find_list(tag)) best = l->free.best_fit(slots_, extent);
   }
   const std::uint32_t any = untagged_.best_fit(slots_, extent);
@@ -308,7 +308,7 @@ result<detail::descriptor*> arena_pool::alloc(pool_context& ctx, std::uint64_t s
   }
   const std::uint64_t extent = slice_extent(size, alignment_);
   for (bool harvested = false;; harvested = true) {
-    std::uint32_t found = best_fit(extent, ctx.reserve_queue);
+    std::uint32_t found = best_fit(extent, ctx.reserve_tag);
     if (found == npos) {
       // Tagged memory of other streams may be free for all by now.
       if (!harvested && tagged_ > 0 && harvest(ctx, true)) continue;
@@ -318,7 +318,7 @@ result<detail::descriptor*> arena_pool::alloc(pool_context& ctx, std::uint64_t s
       e.in_use = usage_.bytes_in_use;
       return e;
     }
-    if (slots_[found].tag != queue::none) {
+    if (slots_[found].tag != 0) {
       // Freed on this very stream: stream order makes it safe at once, and its memory is mapped.
       return take(ctx, found, extent, size);
     }
@@ -411,7 +411,7 @@ inline void arena_pool::resize_free(std::uint32_t slot, std::uint64_t extent) {
 }
 
 detail::descriptor* arena_pool::take(pool_context& ctx, std::uint32_t self, std::uint64_t extent, std::uint64_t size) {
-  if (slots_[self].tag == queue::none && slots_[self].extent > extent) {
+  if (slots_[self].tag == 0 && slots_[self].extent > extent) {
     // Split off the front of a hole free for all: the hole keeps its node (and its place in the
     // index unless its size class changes), the live slice gets a new one.
     const std::uint32_t hole = self;
@@ -425,7 +425,7 @@ detail::descriptor* arena_pool::take(pool_context& ctx, std::uint32_t self, std:
     resize_free(hole, h.extent - extent);
     return place(ctx, self, size);
   }
-  const bool tagged = slots_[self].tag != queue::none;
+  const bool tagged = slots_[self].tag != 0;
   if (tagged) unuse_mappings(slots_[self]);  // counted again below, as the live slice and the remainder
   index_erase(self);
   std::uint32_t rest_slot = npos;
@@ -454,7 +454,7 @@ detail::descriptor* arena_pool::take(pool_context& ctx, std::uint32_t self, std:
 
 inline detail::descriptor* arena_pool::place(pool_context& ctx, std::uint32_t self, std::uint64_t size) {
   slice_node& live = slots_[self];
-  live.tag = queue::none;
+  live.tag = 0;
   live.epoch = 0;
   // One more live slice on each mapping under it: one step per mapping, not per granule.
   use_mappings(live);
@@ -491,14 +491,14 @@ inline void arena_pool::unuse_mappings(const slice_node& s) {
   }
 }
 
-arena_pool::tag_list* arena_pool::find_list(queue_id tag) noexcept {
+arena_pool::tag_list* arena_pool::find_list(std::uint64_t tag) noexcept {
   for (auto& l : tags_) {
     if (l.tag == tag) return &l;
   }
   return nullptr;
 }
 
-arena_pool::tag_list& arena_pool::list_of(queue_id tag) {
+arena_pool::tag_list& arena_pool::list_of(std::uint64_t tag) {
   for (auto& l : tags_) {
     if (l.tag == tag) return l;
   }
@@ -559,10 +559,10 @@ void arena_pool::tag_unlink(std::uint32_t slot) {
 
 inline std::uint32_t arena_pool::merge_free(std::uint32_t slot) {
   slice_node* s = &slots_[slot];
-  const queue_id tag = s->tag;
+  const std::uint64_t tag = s->tag;
   auto absorb = [&](slice_node& n) {
     index_erase(n.self);
-    if (tag != queue::none) {
+    if (tag != 0) {
       tag_unlink(n.self);
       --tagged_;
       unuse_mappings(n);
@@ -594,8 +594,8 @@ std::uint32_t arena_pool::merge_into_index(std::uint32_t slot) {
   slice_node& s = slots_[slot];
   const std::uint32_t pi = s.prev;
   const std::uint32_t ni = s.next;
-  const bool prev_free = pi != npos && slots_[pi].free && slots_[pi].tag == queue::none;
-  const bool next_free = ni != npos && slots_[ni].free && slots_[ni].tag == queue::none;
+  const bool prev_free = pi != npos && slots_[pi].free && slots_[pi].tag == 0;
+  const bool next_free = ni != npos && slots_[ni].free && slots_[ni].tag == 0;
   if (!prev_free && !next_free) {
     index_insert(slot);
     return slot;
@@ -625,7 +625,7 @@ std::uint32_t arena_pool::merge_into_index(std::uint32_t slot) {
   return pi;
 }
 
-void arena_pool::release(pool_context& ctx, const location& loc, queue_id tag, std::uint64_t epoch) {
+void arena_pool::release(pool_context& ctx, const location& loc, std::uint64_t tag, std::uint64_t epoch) {
   std::uint32_t slot = loc.slice;
   slice_node* s = &slots_[slot];
   ctx.detach(s->desc);
@@ -638,7 +638,7 @@ void arena_pool::release(pool_context& ctx, const location& loc, queue_id tag, s
   s->size = 0;
   s->tag = tag;
   s->epoch = epoch;
-  if (tag == queue::none) {
+  if (tag == 0) {
     unuse_mappings(*s);
     merge_into_index(slot);
   } else {
@@ -651,7 +651,7 @@ void arena_pool::release(pool_context& ctx, const location& loc, queue_id tag, s
     tag_append(slot);
     index_insert(slot);
   }
-  if (opts_.slack && tag == queue::none) trim(ctx, *opts_.slack);
+  if (opts_.slack && tag == 0) trim(ctx, *opts_.slack);
 }
 
 void arena_pool::untag(pool_context& ctx, std::uint32_t slot) {
@@ -660,10 +660,18 @@ void arena_pool::untag(pool_context& ctx, std::uint32_t slot) {
   tag_unlink(slot);
   --tagged_;
   unuse_mappings(s);
-  s.tag = queue::none;
+  s.tag = 0;
   s.epoch = 0;
   merge_into_index(slot);
   (void)ctx;
+}
+
+std::uint64_t arena_pool::tagged_bytes() const noexcept {
+  std::uint64_t n = 0;
+  for (const auto& l : tags_) {
+    for (std::uint32_t t = l.head; t != npos; t = slots_[t].tag_next) n += slots_[t].extent;
+  }
+  return n;
 }
 
 bool arena_pool::harvest(pool_context& ctx, bool poll) {
@@ -676,7 +684,7 @@ bool arena_pool::harvest(pool_context& ctx, bool poll) {
   }
   bool changed = false;
   for (std::size_t i = 0; i < tags_.size(); ++i) {
-    const queue_id tag = tags_[i].tag;
+    const std::uint64_t tag = tags_[i].tag;
     if (tags_[i].head == npos) continue;
     const std::uint64_t done = ctx.order->done(tag);
     // untag may merge list members away, but never the head's successors out of epoch order.
@@ -790,7 +798,7 @@ std::string arena_pool::check_invariants() const {
     }
   }
   std::uint64_t tagged_seen = 0;
-  queue_id prev_tag = queue::none;
+  std::uint64_t prev_tag = 0;
   for (; k != npos; k = slots_[k].next) {
     const slice_node& s = slots_[k];
     if (!s.in_use_slot || s.self != k) return fmt::format("arena {}: slot {} is linked but unused", index_, k);
@@ -811,7 +819,7 @@ std::string arena_pool::check_invariants() const {
         return fmt::format("arena {}: free slice {} has a descriptor or is missing from the free index", index_, k);
       }
       ++free_count;
-      if (s.tag != queue::none) ++tagged_seen;
+      if (s.tag != 0) ++tagged_seen;
     } else {
       if (s.indexed || s.desc == nullptr) {
         return fmt::format("arena {}: live slice {} is in the free index or has no descriptor", index_, k);
@@ -825,7 +833,7 @@ std::string arena_pool::check_invariants() const {
       sum.bytes_in_use += s.size;
       sum.bytes_padding += s.extent - s.size;
     }
-    if (!s.free || s.tag != queue::none) {
+    if (!s.free || s.tag != 0) {
       // Count the live or tagged slice once per mapping it overlaps.
       std::uint32_t last_mapping = npos;
       for (std::uint64_t g = s.offset / granule_; g <= (s.offset + s.extent - 1) / granule_; ++g) {
@@ -847,15 +855,14 @@ std::string arena_pool::check_invariants() const {
     for (std::uint32_t t = l.head; t != npos; t = slots_[t].tag_next) {
       const slice_node& s = slots_[t];
       if (!s.in_use_slot || !s.free || s.tag != l.tag || s.tag_prev != before) {
-        return fmt::format("arena {}: the tag list of stream {:#x} is broken at slot {}", index_, l.tag, t);
+        return fmt::format("arena {}: the tag list of stream {} is broken at slot {}", index_, l.tag, t);
       }
-      if (s.epoch < last_epoch)
-        return fmt::format("arena {}: tag list of stream {:#x} out of epoch order", index_, l.tag);
+      if (s.epoch < last_epoch) return fmt::format("arena {}: tag list of stream {} out of epoch order", index_, l.tag);
       last_epoch = s.epoch;
       before = t;
       if (++listed_tagged > slots_.size()) return fmt::format("arena {}: a tag list has a cycle", index_);
     }
-    if (l.tail != before) return fmt::format("arena {}: the tag list of stream {:#x} has a wrong tail", index_, l.tag);
+    if (l.tail != before) return fmt::format("arena {}: the tag list of stream {} has a wrong tail", index_, l.tag);
   }
   if (tagged_seen != tagged_ || listed_tagged != tagged_) {
     return fmt::format("arena {}: {} tagged free slices, {} listed, counted as {}", index_, tagged_seen, listed_tagged,
@@ -867,7 +874,7 @@ std::string arena_pool::check_invariants() const {
     return fmt::format("arena {}: {} free slices but {} in the free indexes", index_, free_count, indexed_count());
   }
   // Every index lists exactly the free slices of its tag, each in the class of its extent.
-  const auto check_index = [&](const size_class_index& ix, queue_id tag) -> std::string {
+  const auto check_index = [&](const size_class_index& ix, std::uint64_t tag) -> std::string {
     std::size_t seen = 0;
     for (unsigned c = 0; c < size_class_index::class_count; ++c) {
       if ((ix.head(c) != npos) != ix.marked(c))
@@ -877,7 +884,7 @@ std::string arena_pool::check_invariants() const {
         const slice_node& s = slots_[t];
         if (!s.in_use_slot || !s.free || !s.indexed || s.tag != tag || s.bin_prev != before ||
             size_class_index::class_of(s.extent) != c) {
-          return fmt::format("arena {}: the free index of stream {:#x} is broken at slot {}", index_, tag, t);
+          return fmt::format("arena {}: the free index of stream {} is broken at slot {}", index_, tag, t);
         }
         before = t;
         if (++seen > slots_.size()) return fmt::format("arena {}: a free index has a cycle", index_);
@@ -887,7 +894,7 @@ std::string arena_pool::check_invariants() const {
       return fmt::format("arena {}: a free index counts {} slices, not {}", index_, ix.size(), seen);
     return {};
   };
-  if (auto p = check_index(untagged_, queue::none); !p.empty()) return p;
+  if (auto p = check_index(untagged_, 0); !p.empty()) return p;
   for (const auto& l : tags_) {
     if (auto p = check_index(l.free, l.tag); !p.empty()) return p;
   }

@@ -127,8 +127,10 @@ descriptor* descriptor::create() {
     d->queue = nullptr;
     d->next_released = nullptr;
     d->place(nullptr, 0);
-    d->stream = queue::device;
-    d->more_streams = false;
+    d->stream = streams::device;
+    d->stream_reg = nullptr;
+    d->more_streams = nullptr;
+    d->held = false;
   } else {
     d = new descriptor();
   }
@@ -138,6 +140,8 @@ descriptor* descriptor::create() {
 
 void descriptor::destroy(descriptor* d) noexcept {
   d->failure.reset();
+  delete d->more_streams;
+  d->more_streams = nullptr;
   if (cache.gone) {
     delete d;
     return;
@@ -156,6 +160,9 @@ void descriptor::release(std::uint64_t delta) noexcept {
       // queue instead of dropping it, so the descriptor stays valid until the owner has seen it.
       const std::uint64_t next = (old - (delta & ~one_ref)) | queued_bit;
       if (state.compare_exchange_weak(old, next, std::memory_order_acq_rel, std::memory_order_relaxed)) {
+        // This drop frees the memory: the streams it was used on are fenced here and now, while
+        // they are known to exist.
+        if (stream_reg != nullptr || more_streams != nullptr) record_free_fences(this);
         queue->push(this);
         return;
       }

@@ -31,7 +31,7 @@ memory_manager::memory_manager(storage store, manager_options opts)
       opts_(std::move(opts)),
       props_(store_.properties()),
       order_(store_),
-      ctx_{store_, stats_, queue_, 0, &order_, queue::none},
+      ctx_{store_, stats_, queue_, 0, &order_, streams::none},
       persistent_(store_.alignment()) {
   layout_ = resolve_or_throw(opts_.layout, props_);
   build_pools(layout_);
@@ -47,10 +47,15 @@ result<std::unique_ptr<memory_manager>> memory_manager::create(storage store, ma
 
 memory_manager::~memory_manager() {
   process_releases();
+  // Teardown is the one place that waits for the device: every stream's work on the memory, that
+  // of streams destroyed already included, is done before any of it goes back.
+  if (order_.ordered() && !capture_) (void)store_.synchronize_device();
   // The storage orders its teardown after the device's work: held slices go back as they are.
   order_.release_all([this](detail::descriptor* d) {
     stats_.bytes_in_use += d->bytes.load(std::memory_order_relaxed);
-    release_to_pool(d, queue::none);
+    d->held = false;
+    release_streams(d);
+    release_to_pool(d, 0);
   });
   ctx_.detached_in_flight = 0;
   release_pools();
@@ -116,38 +121,43 @@ void memory_manager::release_one(detail::descriptor* d) {
     return;
   }
   if (detail::descriptor::total(now) != 1) return;  // referenced again since the drop
-  if (order_.ordered() && (order_.several() || d->more_streams)) {
-    const queue_id own = d->stream;
+  // Held already (a capture pinned it again and the pin was dropped): its entry waits for fences
+  // that cover this drop too, since the pin only kept the memory for the device's own stream.
+  if (d->held) return;
+  if (order_.ordered() && d->stream_reg != nullptr && (order_.tagged() || d->more_streams != nullptr)) {
     const bool arena = d->loc.pool != location::persistent_pool &&
                        std::holds_alternative<std::unique_ptr<arena_pool>>(pools_[d->loc.pool]);
-    if (!d->more_streams && arena && queue::reusable_in_order(own)) {
+    if (d->more_streams == nullptr && arena && streams::reusable_in_order(d->stream)) {
       // Free at once for its own stream, for the others once the stream's fence has passed.
+      stream_state& own = *d->stream_reg;
       order_.freed_on(own);
-      release_to_pool(d, own);
+      const std::uint64_t tag = own.serial;
+      release_streams(d);
+      release_to_pool(d, tag);
       return;
-    }
-    stream_set streams{own};
-    if (d->more_streams) {
-      auto it = more_streams_.find(d);
-      if (it != more_streams_.end()) {
-        for (const queue_id q : it->second) streams.push_back(q);
-        more_streams_.erase(it);
-      }
-      d->more_streams = false;
     }
     // Kept live in its pool until every stream's fence has passed; no longer in use for the user.
     stats_.bytes_in_use -= d->bytes.load(std::memory_order_relaxed);
-    order_.hold(d, streams);
+    order_.hold(d);
     return;
   }
-  if (d->more_streams) {
-    more_streams_.erase(d);
-    d->more_streams = false;
-  }
-  release_to_pool(d, queue::none);
+  release_streams(d);
+  release_to_pool(d, 0);
 }
 
-void memory_manager::release_to_pool(detail::descriptor* d, queue_id tag) {
+void memory_manager::release_streams(detail::descriptor* d) {
+  if (d->stream_reg != nullptr) {
+    order_.unref(*d->stream_reg);
+    d->stream_reg = nullptr;
+  }
+  if (d->more_streams != nullptr) {
+    for (stream_state* s : d->more_streams->streams) order_.unref(*s);
+    delete d->more_streams;
+    d->more_streams = nullptr;
+  }
+}
+
+void memory_manager::release_to_pool(detail::descriptor* d, std::uint64_t tag) {
   const location loc = d->loc;
   if (loc.pool == location::persistent_pool) {
     persistent_.release(ctx_, loc);
@@ -166,16 +176,29 @@ void memory_manager::harvest() {
   order_.release_ready([this](detail::descriptor* d) {
     const std::uint64_t bytes = d->bytes.load(std::memory_order_relaxed);
     stats_.bytes_in_use += bytes;  // the pool's release takes it off again
-    if (detail::descriptor::total(d->state.load(std::memory_order_acquire)) != 1) return;  // pinned again
-    release_to_pool(d, queue::none);
+    d->held = false;
+    // Pinned again (a capture window): in use once more; its next drop holds it anew.
+    if (detail::descriptor::total(d->state.load(std::memory_order_acquire)) != 1) return;
+    release_streams(d);
+    release_to_pool(d, 0);
   });
+  bool freed = false;
   for (auto& p : pools_) {
-    if (auto* a = std::get_if<std::unique_ptr<arena_pool>>(&p)) (*a)->harvest(ctx_, false);
+    if (auto* a = std::get_if<std::unique_ptr<arena_pool>>(&p)) freed = (*a)->harvest(ctx_, false) || freed;
   }
+  order_.collect();
+  if (cleanup_owed_ && !capture_) {
+    // What an explicit cleanup could not give back because streams still used it.
+    persistent_.cleanup(ctx_, true);
+    for (auto& pool : pools_) visit_pool(pool, [&](auto& x) { x.cleanup(ctx_, true); });
+    cleanup_owed_ = order_.reclaimable();
+  }
+  (void)freed;
 }
 
-void memory_manager::publish(detail::descriptor* d, std::uint64_t size, queue_id q) {
+void memory_manager::publish(detail::descriptor* d, std::uint64_t size, stream_id q, stream_state* reg) {
   d->stream = q;
+  d->stream_reg = reg;  // the reference the reserve took
   void* ptr = nullptr;
   arena_pool* arena = nullptr;
   if (d->loc.pool != location::persistent_pool) {
@@ -197,20 +220,26 @@ void memory_manager::publish(detail::descriptor* d, std::uint64_t size, queue_id
   d->place(ptr, size);
 }
 
-result<void> memory_manager::record_stream(const memory_binding& b, queue_id q) {
+result<void> memory_manager::record_stream(const memory_binding& b, stream_id q) {
   process_releases();
   detail::descriptor* d = b.raw();
   if (auto v = find(d); !v) return std::move(v).err();
-  if (q == queue::none) q = queue::device;
-  if (!order_.ordered() || q == d->stream) return {};
-  if (auto u = order_.use(q); !u) return u;
-  stream_set& more = more_streams_[d];
-  if (std::find(more.begin(), more.end(), q) == more.end()) more.push_back(q);
-  d->more_streams = true;
+  if (q == streams::none) q = streams::device;
+  if (!order_.ordered()) return {};
+  auto reg = order_.enter(q);
+  if (!reg) return std::move(reg).err();
+  stream_state* s = *reg;
+  if (s == d->stream_reg) return {};
+  if (d->more_streams == nullptr) d->more_streams = new detail::stream_list();
+  auto& more = d->more_streams->streams;
+  if (std::find(more.begin(), more.end(), s) == more.end()) {
+    more.push_back(s);
+    order_.ref(*s);
+  }
   return {};
 }
 
-result<void> memory_manager::retire_stream(queue_id q) {
+result<void> memory_manager::retire_stream(stream_id q) {
   process_releases();
   return order_.retire(q);
 }
@@ -220,7 +249,7 @@ result<void> memory_manager::end_batch() {
   result<void> out;
   if (order_.ordered()) {
     out = order_.fence();
-    if (order_.poll()) harvest();
+    if (order_.poll() || order_.advanced()) harvest();
   }
   if (auto f = flush(); !f && out) out = std::move(f);
   return out;
@@ -243,20 +272,19 @@ result<detail::descriptor*> memory_manager::reserve_persistent(std::uint64_t siz
   }
   auto r = persistent_.alloc(ctx_, size);
   if (!r) {
-    ++stats_.failed_reserves;
     return std::move(r).err();
   }
   ++stats_.reserves;
   return *r;
 }
 
-result<memory_handle> memory_manager::reserve(std::uint64_t size, queue_id q) {
+result<memory_handle> memory_manager::reserve(std::uint64_t size, stream_id q) {
   auto r = reserve_raw(size, q);
   if (!r) return std::move(r).err();
   return memory_handle::adopt(*r);
 }
 
-result<void> memory_manager::reserve_into(std::uint64_t size, const memory_handle& handle, queue_id q) {
+result<void> memory_manager::reserve_into(std::uint64_t size, const memory_handle& handle, stream_id q) {
   detail::descriptor* d = handle.raw();
   if (d == nullptr) return error::make(errc::invalid_argument, "the handle to reserve into is empty");
   if (d->loc.init || (d->state.load(std::memory_order_acquire) & detail::descriptor::attached_bit) != 0) {
@@ -269,25 +297,60 @@ result<void> memory_manager::reserve_into(std::uint64_t size, const memory_handl
   return {};
 }
 
-result<detail::descriptor*> memory_manager::reserve_raw(std::uint64_t size, queue_id q) {
-  if (q == queue::none) q = queue::device;
-  process_releases();
-  if (order_.ordered()) {
-    if (auto u = order_.use(q); !u) {
-      ++stats_.failed_reserves;
-      return std::move(u).err();
-    }
-    ctx_.reserve_queue = order_.several() && queue::reusable_in_order(q) ? q : queue::none;
+result<detail::descriptor*> memory_manager::reserve_raw(std::uint64_t size, stream_id q) {
+  // One call, one count: a reserve that succeeds after a reclaim is no failure.
+  auto r = reserve_attempt(size, q);
+  if (!r && r.code() == errc::out_of_memory && opts_.reclaim_on_out_of_memory) {
+    if (auto c = reclaim(); c) r = reserve_attempt(size, q);
   }
+  if (!r) ++stats_.failed_reserves;
+  return r;
+}
+
+result<detail::descriptor*> memory_manager::reserve_attempt(std::uint64_t size, stream_id q) {
+  if (q == streams::none) q = streams::device;
+  process_releases();
+  stream_state* reg = nullptr;
+  if (order_.ordered()) {
+    auto u = order_.enter(q);
+    if (!u) return std::move(u).err();
+    reg = *u;
+    if (reg->foreign) {
+      error e = error::make(errc::invalid_argument,
+                            "the stream belongs to another device: reserve memory of a device for its own streams, "
+                            "and name another device's stream with record_stream when its kernels use this memory");
+      e.size = size;
+      e.text = "stream of cuda:" + std::to_string(reg->device);
+      return e;
+    }
+    ctx_.reserve_tag = order_.tagged() && streams::reusable_in_order(q) ? reg->serial : 0;
+    // Held for the allocation from here on: a harvest under memory pressure must not forget it.
+    order_.ref(*reg);
+  }
+  const std::uint64_t pages_before = stats_.driver_allocs;
   auto r = reserve_on(size);
-  if (!r && r.code() == errc::out_of_memory && order_.pending()) {
+  if (!r && r.code() == errc::out_of_memory && order_.reclaimable()) {
     // Memory pressure: wait for the streams' fences (counted), free what they held, try again.
-    --stats_.failed_reserves;
     order_.wait_all();
     harvest();
     r = reserve_on(size);
   }
-  if (r) publish(*r, size, q);
+  if (!r) {
+    if (reg != nullptr) order_.unref(*reg);
+    return r;
+  }
+  if (reg != nullptr && stats_.driver_allocs != pages_before && q != streams::device) {
+    // A new page comes from the driver in the order of the device's stream (cudaMallocAsync), where
+    // work of the device's own may still use the memory it reuses: the reserve's stream waits.
+    auto e = store_.record_event(streams::device);
+    if (e) {
+      if (!store_.stream_wait_event(q, *e)) (void)store_.synchronize();
+      store_.release_event(*e);
+    } else {
+      (void)store_.synchronize();
+    }
+  }
+  publish(*r, size, q, reg);
   return r;
 }
 
@@ -295,7 +358,6 @@ result<detail::descriptor*> memory_manager::reserve_on(std::uint64_t size) {
   const std::uint64_t limit = props_.capacity != 0 ? props_.capacity : max_reserve_size;
   if (size > limit) {
     // Also keeps every size far from overflow when it is rounded to the alignment.
-    ++stats_.failed_reserves;
     error e = error::make(errc::buffer_too_big, "larger than the device");
     e.size = size;
     e.limit = limit;
@@ -308,7 +370,6 @@ result<detail::descriptor*> memory_manager::reserve_on(std::uint64_t size) {
     // The default layout on mapping devices: one arena, whose tick does nothing.
     auto r = only_arena_->alloc(ctx_, size);
     if (!r) {
-      ++stats_.failed_reserves;
       return std::move(r).err();
     }
     ++stats_.reserves;
@@ -329,13 +390,11 @@ result<detail::descriptor*> memory_manager::reserve_on(std::uint64_t size) {
     if (!r) continue;
     // The first accepting pool decides: a capacity error is not passed on to later pools.
     if (!*r) {
-      ++stats_.failed_reserves;
       return std::move(*r).err();
     }
     ++stats_.reserves;
     return **r;
   }
-  ++stats_.failed_reserves;
   error e = error::make(errc::buffer_too_big);
   e.size = size;
   std::uint64_t largest = 0;
@@ -371,12 +430,14 @@ result<void> memory_manager::bind(memory_handle&& reserved, const memory_handle&
   const std::uint8_t pool = dr->loc.pool;
   void* const ptr = dr->address.load(std::memory_order_relaxed);
   const std::uint64_t bytes = dr->bytes.load(std::memory_order_relaxed);
-  const queue_id stream = dr->stream;
   auto r = pool == location::persistent_pool
                ? persistent_.bind(ctx_, dr, da, cursor)
                : visit_pool(pools_[pool], [&](auto& p) { return p.bind(ctx_, dr, da, cursor); });
   if (r) {
-    da->stream = stream;
+    // The memory keeps every stream it was used on, those record_stream added included.
+    da->stream = dr->stream;
+    da->stream_reg = std::exchange(dr->stream_reg, nullptr);
+    da->more_streams = std::exchange(dr->more_streams, nullptr);
     da->place(ptr, bytes);
     reserved.reset();  // consumed only on success: a failed bind leaves the memory with the caller
   }
@@ -449,9 +510,15 @@ result<void> memory_manager::cleanup(bool explicit_cleanup) {
   if (capture_) return {};  // the open window may still use every slice
   if (explicit_cleanup) {
     ++stats_.cleanups;
-    // An explicit cleanup returns everything unused: memory still fenced behind a stream is
-    // waited for (counted), since it is not the normal path.
-    if (order_.wait_all()) harvest();
+    // Everything unused goes back, without waiting for the device: every stream with unfenced
+    // frees gets its fence now, what has passed is freed, and the rest follows as soon as its
+    // fences pass (end_batch).
+    if (order_.ordered()) {
+      order_.want_fences();
+      (void)order_.fence();
+      if (order_.poll() || order_.advanced()) harvest();
+      cleanup_owed_ = order_.reclaimable();
+    }
   }
   persistent_.cleanup(ctx_, explicit_cleanup);
   for (auto& p : pools_) {
@@ -469,6 +536,8 @@ result<void> memory_manager::cleanup(bool explicit_cleanup) {
 
 result<void> memory_manager::reclaim() {
   ++stats_.reclaims;
+  // Memory pressure, the one place the device waits for streams (counted in stream_waits).
+  if (order_.ordered() && order_.wait_all()) harvest();
   return cleanup(true);
 }
 
@@ -491,6 +560,9 @@ const memory_statistics& memory_manager::statistics() {
   stats_.stream_waits = order_.waits();
   stats_.fences = order_.fences();
   stats_.streams = order_.stream_count();
+  stats_.stream_registrations = order_.registrations_made();
+  stats_.broken_streams = order_.broken_streams();
+  stats_.bytes_held_for_streams = order_.held_bytes();
   return stats_;
 }
 
@@ -500,6 +572,14 @@ void memory_manager::reset_peaks() {
   stats_.peak_bytes_in_use = stats_.bytes_in_use;
 }
 
+std::uint64_t memory_manager::pending_dynamic_bytes() const noexcept {
+  std::uint64_t n = 0;
+  for (const auto& p : pools_) {
+    if (const auto* a = std::get_if<std::unique_ptr<arena_pool>>(&p)) n += (*a)->tagged_bytes();
+  }
+  return n;
+}
+
 result<configure_outcome> memory_manager::configure(const memory_layout& layout) {
   process_releases();
   auto resolved = resolve_layout(layout, props_);
@@ -507,15 +587,31 @@ result<configure_outcome> memory_manager::configure(const memory_layout& layout)
   if (capture_) {
     return error::make(errc::capture_active, "the pool layout cannot change while a capture window is open");
   }
-  if (auto r = cleanup(true); !r) return std::move(r).err();
-  // Zero-size allocations count too: they hold a slice although they hold no bytes.
+  if (auto r = cleanup(true); !r) return std::move(r).err();  // never waits
+  // Zero-size allocations count too: they hold a slice although they hold no bytes. Held slices
+  // are no one's any more, but their streams may still use them.
   const memory_usage live = dynamic_usage();
-  if (live.number_allocs > 0) return configure_outcome{false, live.bytes_in_use, live.number_allocs};
+  std::uint64_t held_allocs = 0;
+  std::uint64_t held_bytes = 0;
+  order_.for_each_held([&](const detail::descriptor* d, std::uint64_t bytes) {
+    if (d->loc.pool == location::persistent_pool) return;
+    ++held_allocs;
+    held_bytes += bytes;
+  });
+  if (live.number_allocs > held_allocs) {
+    return configure_outcome{false, live.bytes_in_use, live.number_allocs - held_allocs, false, 0};
+  }
+  const std::uint64_t pending = held_bytes + pending_dynamic_bytes();
+  if (held_allocs > 0 || pending > 0) return configure_outcome{false, 0, 0, true, pending};
+  // Queued deallocations go first: if the device refuses them, the current layout stays.
+  if (auto r = flush(); !r) return std::move(r).err();
   release_pools();
   layout_ = std::move(resolved).value();
   build_pools(layout_);
-  if (auto r = flush(); !r) return std::move(r).err();
-  return configure_outcome{true, 0, 0};
+  // What the old pools just queued goes back at the end of the batch (a failure there is the
+  // batch's to report, and retried): the new layout is in force either way.
+  (void)flush();
+  return configure_outcome{true, 0, 0, false, 0};
 }
 
 void memory_manager::capture_begin() {
@@ -532,7 +628,20 @@ result<std::vector<memory_handle>> memory_manager::capture_end() {
   if (!capture_) return error::make(errc::no_capture, "capture_end was called without capture_begin");
   mode_ = capture_->restore_mode;
   capture_.reset();
-  return persistent_.pin_touched(ctx_);
+  auto pins = persistent_.pin_touched(ctx_);
+  if (order_.ordered()) {
+    // Memory freed inside the window and live again for the graph is used on the device's stream.
+    for (auto& h : pins) {
+      detail::descriptor* d = h.raw();
+      if (d->stream_reg != nullptr) continue;
+      if (auto reg = order_.enter(streams::device); reg) {
+        d->stream = streams::device;
+        d->stream_reg = *reg;
+        order_.ref(**reg);
+      }
+    }
+  }
+  return pins;
 }
 
 void memory_manager::mode(allocation_mode m) {

@@ -41,8 +41,12 @@ std::string memory_statistics::to_string() const {
              format_bytes(peak_bytes_reserved), format_bytes(bytes_in_use), format_bytes(peak_bytes_in_use), reserves,
              failed_reserves, driver_allocs, driver_frees, maps, unmaps, out_of_memory, cleanups, reclaims) +
          (streams > 0 || fences > 0
-              ? fmt::format("streams: {} in use, {} fences recorded, {} waits for fences under memory pressure\n",
-                            streams, fences, stream_waits)
+              ? fmt::format(
+                    "streams: {} tracked ({} registered so far{}), {} fences, {} held for streams, {} waits "
+                    "for fences under memory pressure\n",
+                    streams, stream_registrations,
+                    broken_streams > 0 ? fmt::format(", {} whose fences failed", broken_streams) : std::string(),
+                    fences, format_bytes(bytes_held_for_streams), stream_waits)
               : std::string());
 }
 

@@ -6,9 +6,11 @@
     devrt.free(ptr, device=devrt.HOST)
     print(devrt.stats(devrt.HOST)["in_use_bytes"])
 
-Devices: -1 (``HOST``) is the host, 0..N-1 the CUDA devices. Streams are ``cudaStream_t`` values as
-integers: ``None`` (or 0) is the device's own stream (devrt's), ``STREAM_LEGACY`` (1) CUDA's legacy
-default stream, ``STREAM_PER_THREAD`` (2) the per-thread default stream. Errors raise
+Devices: -1 (``HOST``) is the host, 0..N-1 the CUDA devices (CUDA's numbering). Streams are
+``cudaStream_t`` values as integers, as in CUDA, PyTorch and CuPy: ``None`` or 0 (like
+``STREAM_LEGACY``, 1) is CUDA's legacy default stream, ``STREAM_PER_THREAD`` (2) the per-thread
+default stream, ``STREAM_DEVICE`` (3) the device's own stream (devrt's). A stream may be destroyed
+right after the memory used on it is freed, with its work still queued. Errors raise
 ``DevrtError`` (``DevrtOutOfMemoryError`` for out of memory) with devrt's message.
 
 PyTorch and CuPy: ``devrt.torch.install()`` and ``devrt.cupy.install()``.
@@ -23,14 +25,16 @@ from pathlib import Path
 from typing import Dict, Optional
 
 __all__ = [
-    "HOST", "STREAM_LEGACY", "STREAM_PER_THREAD", "DevrtError", "DevrtOutOfMemoryError", "lib", "library_path",
-    "init", "shutdown", "is_initialized", "device_count", "malloc", "free", "record_stream", "allocation_size",
+    "HOST", "STREAM_LEGACY", "STREAM_PER_THREAD", "STREAM_DEVICE", "DevrtError", "DevrtOutOfMemoryError", "lib", "library_path",
+    "init", "shutdown", "is_initialized", "device_count", "malloc", "free", "record_stream", "retire_stream",
+    "allocation_size",
     "stats", "reset_peak_stats", "empty_cache", "configure", "last_error",
 ]
 
 HOST = -1
 STREAM_LEGACY = 1
 STREAM_PER_THREAD = 2
+STREAM_DEVICE = 3
 
 LIBRARY_NAME = "libdevrt_c.so"
 _C_API_VERSION = 1
@@ -142,6 +146,7 @@ def lib() -> ctypes.CDLL:
                 ("devrt_malloc", i, [ctypes.POINTER(vp), sz, i, vp]),
                 ("devrt_free", i, [vp, i, vp]),
                 ("devrt_record_stream", i, [vp, vp]),
+                ("devrt_retire_stream", i, [i, vp]),
                 ("devrt_allocation_size", i, [vp, ctypes.POINTER(sz)]),
                 ("devrt_get_stats", i, [i, ctypes.POINTER(_Stats)]),
                 ("devrt_reset_peak_stats", i, [i]),
@@ -167,6 +172,7 @@ def _check(status: int) -> None:
 
 
 def _stream(stream) -> Optional[int]:
+    # 0 and None are both NULL for ctypes: CUDA's legacy default stream.
     return None if stream in (None, 0) else int(stream)
 
 
@@ -223,8 +229,15 @@ def free(ptr: int, device: int = HOST, stream=None) -> None:
 
 
 def record_stream(ptr: int, stream) -> None:
-    """Marks ``ptr``'s memory as used on ``stream`` too (see ``Tensor.record_stream``)."""
+    """Marks ``ptr``'s memory as used on ``stream`` too (see ``Tensor.record_stream``); ``stream`` may be
+    another GPU's. Raises ``DevrtError`` when devrt cannot track the stream (not a live stream)."""
     _check(lib().devrt_record_stream(ptr, _stream(stream)))
+
+
+def retire_stream(stream, device: int) -> None:
+    """Optional: ``stream`` is about to be destroyed (see ``devrt_retire_stream``). Frees are fenced
+    when they happen, so streams may be destroyed without it."""
+    _check(lib().devrt_retire_stream(device, _stream(stream)))
 
 
 def allocation_size(ptr: int) -> int:

@@ -6,7 +6,10 @@
 
 Each allocation is made for CuPy's current stream (``cupy.cuda.get_current_stream()``) and freed,
 when CuPy drops its last reference, in the order of the stream current at that moment: later work
-on that stream may reuse it at once, other streams only once the work queued there is done. Out of
+on that stream may reuse it at once, other streams only once the work queued there is done. The
+point the stream has reached is recorded at the free, so CuPy may destroy a stream (when it is
+collected) with its work still queued: no retire is needed, and a stream created later with the
+same handle never gets that memory early. Out of
 memory raises ``cupy.cuda.memory.OutOfMemoryError`` with the size, chained to devrt's error (which
 says what the device refused and what devrt holds).
 """
@@ -28,10 +31,8 @@ def _cupy():
 
 
 def _stream_handle(cupy) -> int:
-    # CuPy's null stream (ptr 0) is CUDA's legacy default stream, which devrt names 1; 0 would be
-    # devrt's own stream.
-    ptr = cupy.cuda.get_current_stream().ptr
-    return ptr if ptr != 0 else _devrt.STREAM_LEGACY
+    # CuPy's null stream (ptr 0) is CUDA's legacy default stream, as it is for devrt.
+    return cupy.cuda.get_current_stream().ptr
 
 
 class _Owner:

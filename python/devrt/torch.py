@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import warnings
 from typing import Dict, Optional
 
 import devrt as _devrt
@@ -65,6 +66,12 @@ def install() -> None:
     record = getattr(inner, "set_record_stream_fn", None)
     if record is not None:
         record(ctypes.cast(lib.devrt_torch_record_stream, ctypes.c_void_p).value)
+    else:
+        warnings.warn(
+            "devrt.torch.install(): this PyTorch cannot route Tensor.record_stream to a pluggable allocator "
+            "(no set_record_stream_fn): memory a side stream uses may be reused before that stream is done. "
+            "Synchronize the side streams before freeing their tensors, or use a PyTorch that has it.",
+            RuntimeWarning, stacklevel=2)
     reset = getattr(inner, "set_reset_fn", None)
     if reset is not None:
         reset(ctypes.cast(lib.devrt_torch_empty_cache, ctypes.c_void_p).value)

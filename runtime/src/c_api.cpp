@@ -14,6 +14,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <array>
 #include <atomic>
 #include <bit>
@@ -25,6 +26,7 @@
 #include <memory>
 #include <mutex>
 #include <new>
+#include <stdexcept>
 #include <string>
 #include <unordered_map>
 #include <utility>
@@ -68,15 +70,16 @@ devrt_status status_of(errc c) noexcept {
   }
 }
 
-/// The stream a C caller names: NULL is the device's own, anything else a native handle
-/// (1 and 2 the legacy and per-thread default streams).
-mem::stream c_stream(void* s) noexcept { return s == nullptr ? mem::stream() : mem::stream::native(s); }
+/// The stream a C caller names: a cudaStream_t, where NULL (and 1) is CUDA's legacy default
+/// stream and 2 the per-thread default stream, as in CUDA and PyTorch; DEVRT_STREAM_DEVICE (3)
+/// is the device's own stream (devrt's).
+mem::stream c_stream(void* s) noexcept { return mem::stream::native(s); }
 
 /// What the table keeps per live pointer.
 struct entry {
   mem::memory_handle handle;
   int device = 0;
-  mem::queue_id stream = mem::queue::device;  ///< the stream the memory was allocated for
+  mem::stream_id stream = mem::streams::device;  ///< the stream the memory was allocated for
 };
 
 /// One shard of the pointer table. Invariant: a pointer is in at most one of `live` and `freed`.
@@ -142,26 +145,67 @@ struct device_ctx {
   std::atomic<std::uint64_t> oom_errors{0};
 };
 
+/// A CUDA device of the C interface, by CUDA index: its client is made on the first call that
+/// names it (so a process that uses one GPU opens a context on that one only).
+struct cuda_slot {
+  std::once_flag once;
+  std::unique_ptr<device_ctx> ctx;
+  std::string failure;                        // why it could not be started (then every call says so)
+  std::atomic<device_ctx*> started{nullptr};  // ctx once it is made (read without the once_flag)
+};
+
+constexpr int max_cuda_devices = 64;
+
 struct state {
   std::unique_ptr<rt::runtime> runtime;
   std::unique_ptr<device_ctx> host;
-  std::vector<std::unique_ptr<device_ctx>> cuda;
+  int visible = 0;          // CUDA devices the CUDA runtime shows (indices 0..visible-1)
+  std::vector<int> chosen;  // those devrt may use (DEVRT_CUDA_DEVICES, use_cuda)
+  std::array<cuda_slot, max_cuda_devices> cuda;
 
-  /// The device of a C index, or nullptr with the error set.
-  device_ctx* device(int index, const char* what) const {
+  /// The device of a C index (CUDA's numbering), or nullptr with the error set.
+  device_ctx* device(int index, const char* what) {
     if (index == DEVRT_HOST_DEVICE) return host.get();
-    if (index >= 0 && static_cast<std::size_t>(index) < cuda.size()) return cuda[static_cast<std::size_t>(index)].get();
-    if (cuda.empty()) {
-      (void)fail(DEVRT_ERROR_INVALID_DEVICE,
-                 fmt::format("{}: device {} does not exist: devrt uses no CUDA device (built without CUDA, "
-                             "use_cuda off, or no GPU found), so -1 (the host) is the only device",
-                             what, index));
-    } else {
-      (void)fail(DEVRT_ERROR_INVALID_DEVICE,
-                 fmt::format("{}: device {} does not exist: use -1 for the host or 0..{} for the CUDA devices", what,
-                             index, cuda.size() - 1));
+    const bool listed = std::find(chosen.begin(), chosen.end(), index) != chosen.end();
+    if (index < 0 || index >= max_cuda_devices || !listed) {
+      std::string which;
+      for (const int c : chosen) which += (which.empty() ? "" : ",") + std::to_string(c);
+      if (chosen.empty()) {
+        (void)fail(DEVRT_ERROR_INVALID_DEVICE,
+                   fmt::format("{}: device {} does not exist: devrt uses no CUDA device (built without CUDA, "
+                               "use_cuda off, DEVRT_CUDA_DEVICES=none, or no GPU found), so -1 (the host) is the only "
+                               "device",
+                               what, index));
+      } else if (index >= 0 && index < visible) {
+        (void)fail(DEVRT_ERROR_INVALID_DEVICE,
+                   fmt::format("{}: CUDA device {} is not among the devices devrt uses ({}; DEVRT_CUDA_DEVICES or the "
+                               "cuda_devices setting chooses them)",
+                               what, index, which));
+      } else {
+        (void)fail(DEVRT_ERROR_INVALID_DEVICE,
+                   fmt::format("{}: device {} does not exist: use -1 for the host or a CUDA index devrt uses ({})",
+                               what, index, which));
+      }
+      return nullptr;
     }
-    return nullptr;
+    cuda_slot& slot = cuda[static_cast<std::size_t>(index)];
+    std::call_once(slot.once, [&] {
+      try {
+        auto d = std::make_unique<device_ctx>();
+        d->client = runtime->cuda(index);
+        d->name = d->client.device().name;
+        slot.ctx = std::move(d);
+        slot.started.store(slot.ctx.get(), std::memory_order_release);
+      } catch (const std::exception& e) {
+        slot.failure = e.what();
+      }
+    });
+    if (slot.ctx == nullptr) {
+      (void)fail(DEVRT_ERROR_DEVICE, fmt::format("{}: CUDA device {} could not be started: {}", what, index,
+                                                 slot.failure.empty() ? "unknown reason" : slot.failure));
+      return nullptr;
+    }
+    return slot.ctx.get();
   }
 };
 
@@ -207,12 +251,10 @@ int start(const devrt_options& o, state** out) {
   s->host = std::make_unique<device_ctx>();
   s->host->client = s->runtime->host();
   s->host->name = "host";
-  for (int i = 0; i < s->runtime->count(rt::device_kind::cuda); ++i) {
-    auto d = std::make_unique<device_ctx>();
-    d->client = s->runtime->cuda(i);
-    d->name = d->client.device().name;
-    s->cuda.push_back(std::move(d));
+  for (const auto& info : s->runtime->devices()) {
+    if (info.kind == rt::device_kind::cuda) s->chosen.push_back(info.index);
   }
+  s->visible = s->runtime->cuda_visible();
   ever_started = true;
   *out = s.release();
   current.store(*out, std::memory_order_release);
@@ -303,7 +345,7 @@ int do_free(void* ptr, int device, mem::stream stream, const char* what) {
   if (ptr == nullptr) return DEVRT_SUCCESS;
   state* s = nullptr;
   if (int r = acquire(&s); r != DEVRT_SUCCESS) return r;
-  entry e;
+  mem::memory_handle held;
   {
     shard& sh = table().of(ptr);
     const std::lock_guard<std::mutex> g(sh.lock);
@@ -323,16 +365,39 @@ int do_free(void* ptr, int device, mem::stream stream, const char* what) {
                   fmt::format("{}: {} belongs to device {}, not to device {}; free it on its own device", what, ptr,
                               it->second.device, device));
     }
+    if (stream.id() != it->second.stream) held = it->second.handle;
+  }
+  if (held) {
+    // Freed on another stream than the one it was allocated for: that stream's work must pass
+    // before anyone else gets the memory. Marked (and checked) before anything changes, so a
+    // failure leaves the pointer allocated.
+    device_ctx* d = s->device(device, what);
+    if (d == nullptr) return DEVRT_ERROR_INVALID_DEVICE;
+    try {
+      d->client.record_stream(held, stream).get();
+    } catch (const boost::system::system_error& e) {
+      return fail(status_of(rt::to_errc(e.code())),
+                  fmt::format("{}: {} on {}: the stream it is freed on cannot be tracked: {}; the pointer stays "
+                              "allocated",
+                              what, ptr, d->name, e.what()));
+    }
+    held.reset();
+  }
+  entry e;
+  {
+    shard& sh = table().of(ptr);
+    const std::lock_guard<std::mutex> g(sh.lock);
+    auto it = sh.live.find(ptr);
+    if (it == sh.live.end()) {
+      return fail(DEVRT_ERROR_DOUBLE_FREE,
+                  fmt::format("{}: {} was freed by another thread meanwhile (device {}); free each pointer once", what,
+                              ptr, device));
+    }
     e = std::move(it->second);
     sh.live.erase(it);
     sh.remember_freed(ptr);
   }
-  // Freed on another stream than the one it was allocated for: that stream's work must pass
-  // before anyone else gets the memory. The mark is ordered before the drop below.
-  if (stream.id() != e.stream) {
-    if (device_ctx* d = s->device(e.device, what); d != nullptr) d->client.record_stream(e.handle, stream);
-  }
-  e.handle.reset();
+  e.handle.reset();  // the free: in stream order on its stream (and the one recorded above)
   return DEVRT_SUCCESS;
 }
 
@@ -354,7 +419,11 @@ int do_record_stream(void* ptr, mem::stream stream, const char* what) {
   }
   device_ctx* d = s->device(device, what);
   if (d == nullptr) return DEVRT_ERROR_INVALID_DEVICE;
-  d->client.record_stream(h, stream);
+  try {
+    d->client.record_stream(h, stream).get();
+  } catch (const boost::system::system_error& e) {
+    return fail(status_of(rt::to_errc(e.code())), fmt::format("{}: {} on {}: {}", what, ptr, d->name, e.what()));
+  }
   return DEVRT_SUCCESS;
 }
 
@@ -452,7 +521,7 @@ int devrt_device_count(int* count) {
     if (count == nullptr) return fail(DEVRT_ERROR_INVALID_VALUE, "devrt_device_count: the out-pointer is NULL");
     state* s = nullptr;
     if (int r = acquire(&s); r != DEVRT_SUCCESS) return r;
-    *count = static_cast<int>(s->cuda.size());
+    *count = s->chosen.empty() ? 0 : s->visible;
     return static_cast<int>(DEVRT_SUCCESS);
   });
 }
@@ -467,6 +536,15 @@ int devrt_free(void* ptr, int device, void* stream) {
 
 int devrt_record_stream(void* ptr, void* stream) {
   return guarded("devrt_record_stream", [&] { return do_record_stream(ptr, c_stream(stream), "devrt_record_stream"); });
+}
+
+int devrt_retire_stream(int device, void* stream) {
+  return guarded("devrt_retire_stream", [&] {
+    return on_device(device, "devrt_retire_stream", [&](device_ctx& d) {
+      d.client.retire_stream(c_stream(stream)).get();
+      return static_cast<int>(DEVRT_SUCCESS);
+    });
+  });
 }
 
 int devrt_allocation_size(void* ptr, size_t* size) {
@@ -600,14 +678,19 @@ void devrt_torch_record_stream(void* ptr, devrt_cuda_stream stream) {
   const int r = guarded("devrt_torch_record_stream", [&] {
     return do_record_stream(ptr, mem::stream::native(stream), "devrt_torch_record_stream");
   });
-  if (r != DEVRT_SUCCESS) (void)std::fprintf(stderr, "devrt: %s\n", last_error.c_str());
+  // PyTorch's record-stream hook returns nothing; an exception reaches Tensor.record_stream's
+  // caller as a RuntimeError with devrt's message (as devrt_torch_malloc's do).
+  if (r != DEVRT_SUCCESS) throw std::runtime_error(last_error);
 }
 
 void devrt_torch_empty_cache(void) {
   (void)guarded("devrt_torch_empty_cache", [&] {
     state* s = nullptr;
     if (int r = acquire(&s); r != DEVRT_SUCCESS) return r;
-    for (const auto& d : s->cuda) d->client.cleanup().get();
+    // The devices started so far: one never used holds no memory.
+    for (auto& slot : s->cuda) {
+      if (device_ctx* d = slot.started.load(std::memory_order_acquire)) d->client.cleanup().get();
+    }
     return static_cast<int>(DEVRT_SUCCESS);
   });
 }

@@ -57,14 +57,16 @@ result<void> copy_local(actor_core& c, const memory_binding& src, const memory_b
 #ifdef DEVRT_WITH_CUDA
   devices::cuda_storage* cuda = cuda_of(c);
   if (cuda == nullptr) return error::make(errc::unsupported, "copy on a device with queues that is not a CUDA GPU");
-  const memory::queue_id qs = src.raw()->stream;
-  const memory::queue_id qd = dst.raw()->stream;
+  const memory::stream_id qs = src.raw()->stream;
+  const memory::stream_id qd = dst.raw()->stream;
   // The destination's stream waits for the source stream's work, then copies; the source's memory
   // is not reused before the copy stream passed it; the source's stream waits for the copy.
   if (qs != qd) {
-    auto t = store.mark(qs);
+    auto t = store.record_event(qs);
     if (!t) return std::move(t).err();
-    if (auto j = store.join(qd, *t); !j) return j;
+    auto j = store.stream_wait_event(qd, *t);
+    store.release_event(*t);
+    if (!j) return j;
   }
   if (auto r = devices::cuda_copy_async(cuda->device(), d->ptr, cuda->device(), s->ptr, s->size, cuda->stream_of(qd));
       !r) {
@@ -72,9 +74,11 @@ result<void> copy_local(actor_core& c, const memory_binding& src, const memory_b
   }
   if (auto r = c.manager().record_stream(src, qd); !r) return r;
   if (qs != qd) {
-    auto t = store.mark(qd);
+    auto t = store.record_event(qd);
     if (!t) return std::move(t).err();
-    if (auto j = store.join(qs, *t); !j) return j;
+    auto j = store.stream_wait_event(qs, *t);
+    store.release_event(*t);
+    if (!j) return j;
   }
   return {};
 #else

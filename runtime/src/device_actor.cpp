@@ -23,27 +23,16 @@ actor_core::actor_core(std::unique_ptr<memory::memory_manager> manager, std::sha
                        device_info info)
     : manager_(std::move(manager)), log_(std::move(log)), info_(std::move(info)) {}
 
-result<memory::memory_handle> actor_core::reserve(std::uint64_t size, memory::queue_id q) {
+result<memory::memory_handle> actor_core::reserve(std::uint64_t size, memory::stream_id q) {
+  // The manager reclaims once and retries on out-of-memory (manager_options).
   auto r = manager_->reserve(size, q);
-  if (r || r.code() != errc::out_of_memory) return r;
-  SPDLOG_LOGGER_INFO(log_, "[{}] out of memory reserving {} bytes; reclaiming and retrying once", info_.name, size);
-  if (auto c = manager_->reclaim(); !c) return std::move(c).err();
-  r = manager_->reserve(size, q);
-  if (!r) SPDLOG_LOGGER_INFO(log_, "[{}] {}", info_.name, r.err().message());
+  if (!r) SPDLOG_LOGGER_INFO(log_, "[{}] reserve({}) failed: {}", info_.name, size, r.err().message());
   return r;
 }
 
-void actor_core::create(std::uint64_t size, const memory::memory_handle& handle, memory::queue_id q) {
+void actor_core::create(std::uint64_t size, const memory::memory_handle& handle, memory::stream_id q) {
   // Straight into the client's handle: no second descriptor, no bind.
   auto r = manager_->reserve_into(size, handle, q);
-  if (!r && r.code() == errc::out_of_memory) {
-    SPDLOG_LOGGER_INFO(log_, "[{}] out of memory reserving {} bytes; reclaiming and retrying once", info_.name, size);
-    if (auto c = manager_->reclaim(); !c) {
-      r = std::move(c).err();
-    } else {
-      r = manager_->reserve_into(size, handle, q);
-    }
-  }
   if (r) return;
   SPDLOG_LOGGER_INFO(log_, "[{}] create({}) failed: {}", info_.name, size, r.err().message());
   handle.raw()->failure = std::make_unique<const error>(std::move(r).err());
@@ -67,7 +56,21 @@ result<std::uint64_t> actor_core::size_of(const memory::memory_binding& b) {
   return s->size;
 }
 
+result<void> actor_core::refuse_in_capture(const memory::memory_binding& b, const char* what) const {
+  const memory::stream_id q = b.raw() != nullptr ? b.raw()->stream : memory::streams::device;
+  if (!manager_->capturing() || !manager_->backing_storage().ordered()) return {};
+  if (q != memory::streams::device && q != memory::streams::none) return {};
+  // The copy would be recorded into the graph (and replayed with every launch) while its staging
+  // buffer goes back to the pool: refused before anything is enqueued, the graph stays as it is.
+  error e = error::make(errc::capture_active,
+                        "the device's stream records a capture: a copy on it would become part of the graph; "
+                        "copy before capture_begin or after capture_end");
+  e.text = what;
+  return e;
+}
+
 result<void> actor_core::write(const memory::memory_binding& b, const void* src, std::uint64_t size) {
+  if (auto c = refuse_in_capture(b, "write"); !c) return c;
   auto s = manager_->get_storage(b);
   if (!s) return explain(s.err(), b);
   if (size > s->size) {
@@ -80,22 +83,24 @@ result<void> actor_core::write(const memory::memory_binding& b, const void* src,
 }
 
 result<void> actor_core::read(const memory::memory_binding& b, void* dst, std::uint64_t size) {
+  if (auto c = refuse_in_capture(b, "read"); !c) return c;
   auto s = manager_->get_storage(b);
   if (!s) return explain(s.err(), b);
   return manager_->backing_storage().read(s->offset_end(s->size - size), dst);
 }
 
-result<memory::ticket> actor_core::read_async(const memory::memory_binding& b, void* dst, std::uint64_t size) {
+result<memory::event> actor_core::read_async(const memory::memory_binding& b, void* dst, std::uint64_t size) {
+  if (auto c = refuse_in_capture(b, "read"); !c) return std::move(c).err();
   auto s = manager_->get_storage(b);
   if (!s) return explain(s.err(), b);
   return manager_->backing_storage().read_async(s->offset_end(s->size - size), dst, b.raw()->stream);
 }
 
 result<void> actor_core::use_on_device_stream(const memory::memory_binding& b) {
-  if (!manager_->backing_storage().ordered() || b.raw() == nullptr || b.raw()->stream == memory::queue::device) {
+  if (!manager_->backing_storage().ordered() || b.raw() == nullptr || b.raw()->stream == memory::streams::device) {
     return {};
   }
-  return manager_->record_stream(b, memory::queue::device);
+  return manager_->record_stream(b, memory::streams::device);
 }
 
 result<void> actor_core::capture_begin() {
@@ -132,7 +137,7 @@ void actor_core::exit_persistent() {
   if (persistent_depth_ > 0 && --persistent_depth_ == 0) manager_->mode(memory::allocation_mode::automatic);
 }
 
-void actor_core::park(memory::ticket t, message then) {
+void actor_core::park(memory::event t, message then) {
   if (t == 0) {
     then.run(*this);
     return;
@@ -140,10 +145,30 @@ void actor_core::park(memory::ticket t, message then) {
   parked_.emplace_back(t, std::move(then));
 }
 
+void actor_core::park_until_fences(message then) { fence_waiters_.push_back(std::move(then)); }
+
+void actor_core::run_fence_waiters() {
+  if (fence_waiters_.empty() || manager_->order().pending()) return;
+  if (manager_->order().reclaimable()) {
+    // Only memory of streams whose fences failed is left: a synchronization of the device (a
+    // counted wait) covers it, on this rare path.
+    (void)manager_->reclaim();
+  }
+  auto waiters = std::move(fence_waiters_);
+  fence_waiters_.clear();
+  for (auto& m : waiters) {
+    try {
+      m.run(*this);  // may park itself again
+    } catch (...) {
+    }
+  }
+}
+
 bool actor_core::poll_parked() {
+  run_fence_waiters();
   auto& store = manager_->backing_storage();
   for (std::size_t i = 0; i < parked_.size();) {
-    auto r = store.passed(parked_[i].first);
+    auto r = store.query_event(parked_[i].first);
     if (r && !*r) {
       ++i;
       continue;
@@ -161,12 +186,15 @@ bool actor_core::poll_parked() {
       // Messages complete their own errors; nothing may escape the strand.
     }
   }
-  return !parked_.empty();
+  return parked();
 }
 
 void actor_core::finish_parked() noexcept {
+  const error stop = error::make(errc::shutdown, "the runtime shut down before the request was served");
+  for (auto& m : fence_waiters_) m.abort(stop);
+  fence_waiters_.clear();
   auto& store = manager_->backing_storage();
-  for (auto& [t, m] : parked_) (void)store.wait(t);
+  for (auto& [t, m] : parked_) (void)store.wait_event(t);
   while (!parked_.empty()) poll_parked();
 }
 
@@ -279,6 +307,7 @@ void device_actor::after_batch() {
   if (auto r = core_->manager().end_batch(); !r) {
     SPDLOG_LOGGER_INFO(log_, "[{}] end of batch: {}", info_.name, r.err().message());
   }
+  core_->run_fence_waiters();
 }
 
 void device_actor::shutdown() noexcept {

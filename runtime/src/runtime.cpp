@@ -115,8 +115,9 @@ runtime::~runtime() { shutdown(); }
 std::shared_ptr<device_actor> runtime::make_actor(device_info info, memory::storage store,
                                                   const memory::memory_layout& layout) const {
   info.properties = store.properties();
-  auto manager = std::make_unique<memory::memory_manager>(
-      std::move(store), memory::manager_options{info.name, layout, config_.persistent_memory, std::nullopt});
+  memory::manager_options opts{info.name, layout, config_.persistent_memory, std::nullopt};
+  opts.reclaim_on_out_of_memory = true;  // one reclaim and one retry before a reserve fails
+  auto manager = std::make_unique<memory::memory_manager>(std::move(store), std::move(opts));
   return std::make_shared<device_actor>(std::move(info), std::move(manager), completions_->get_executor(), log_,
                                         idle_spin_);
 }

@@ -47,7 +47,7 @@ TEST(CudaStorage, PropertiesFromTheDriver) {
   EXPECT_EQ(p.alignment & (p.alignment - 1), 0u);
   EXPECT_GE(p.alignment, 256u);
   EXPECT_EQ(p.max_page_size, p.capacity / 4 / p.alignment * p.alignment);
-  EXPECT_NE(s.native_queue(), nullptr);
+  EXPECT_NE(s.native_stream(), nullptr);
 }
 
 TEST(CudaStorage, AllocWriteReadFlush) {

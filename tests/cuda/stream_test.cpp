@@ -242,7 +242,7 @@ TEST(CudaStreams, ARevivedMappingIsReleasedOnlyByItsOwnBatch) {
   DEVRT_REQUIRE_GPU();
   devices::cuda_storage s(0);
   if (s.properties().map_granularity == 0) GTEST_SKIP() << "no virtual memory management on this GPU";
-  auto* const q = static_cast<cudaStream_t>(s.native_queue());
+  auto* const q = static_cast<cudaStream_t>(s.native_stream());
   mismatch_counter bad;
   const std::uint64_t g = s.properties().map_granularity;
   auto range = s.reserve_range(16 * g, g).value();
@@ -283,8 +283,8 @@ TEST(CudaStreams, UnmapsGoBackAtOnceOnlyWhenNoStreamIsBusy) {
   if (s.properties().map_granularity == 0) GTEST_SKIP() << "no virtual memory management on this GPU";
   const std::uint64_t g = s.properties().map_granularity;
   user_stream a;
-  const memory::queue_id qa = stream::native(a.s).id();
-  s.use_queue(qa);
+  const memory::stream_id qa = stream::native(a.s).id();
+  s.return_after(qa);
   mismatch_counter bad;
   auto range = s.reserve_range(8 * g, g).value();
 
@@ -310,13 +310,12 @@ TEST(CudaStreams, UnmapsGoBackAtOnceOnlyWhenNoStreamIsBusy) {
   EXPECT_EQ(s.idle_releases(), 1u);
   ASSERT_EQ(cudaStreamSynchronize(a.s), cudaSuccess);
   // The batch's event is on the device's stream, behind its join of the user's stream.
-  ASSERT_EQ(cudaStreamSynchronize(static_cast<cudaStream_t>(s.native_queue())), cudaSuccess);
+  ASSERT_EQ(cudaStreamSynchronize(static_cast<cudaStream_t>(s.native_stream())), cudaSuccess);
   ASSERT_TRUE(s.flush());  // the batch's event has completed
   EXPECT_EQ(s.returning_bytes(), 0u);
   EXPECT_EQ(s.mapped_bytes(), 0u);
   EXPECT_EQ(bad.value(), 0u);
   EXPECT_EQ(s.gpu_waits(), 0u);
-  s.retire_queue(qa);
   s.release_range(range.id);
 }
 
@@ -330,8 +329,8 @@ TEST(CudaStreams, AnUnmapDoneAtOnceLendsItsMemoryToTheNextMapOfItsSize) {
   if (s.properties().map_granularity == 0) GTEST_SKIP() << "no virtual memory management on this GPU";
   const std::uint64_t g = s.properties().map_granularity;
   user_stream a;
-  const memory::queue_id qa = stream::native(a.s).id();
-  s.use_queue(qa);
+  const memory::stream_id qa = stream::native(a.s).id();
+  s.return_after(qa);
   mismatch_counter bad;
   auto range = s.reserve_range(8 * g, g).value();
 
@@ -393,7 +392,6 @@ TEST(CudaStreams, AnUnmapDoneAtOnceLendsItsMemoryToTheNextMapOfItsSize) {
   EXPECT_EQ(s.returning_bytes(), 0u) << "kept memory counted beside the new mapping";
   EXPECT_EQ(s.allocated_bytes(), 2 * g);
   EXPECT_EQ(s.gpu_waits(), 0u);
-  s.retire_queue(qa);
   s.release_range(range.id);
 }
 
@@ -408,10 +406,10 @@ TEST(CudaStreams, MemoryABusyStreamMayStillUseIsNeverLent) {
   const std::uint64_t g = s.properties().map_granularity;
   user_stream a;
   user_stream b;
-  const memory::queue_id qa = stream::native(a.s).id();
-  const memory::queue_id qb = stream::native(b.s).id();
-  s.use_queue(qa);
-  s.use_queue(qb);
+  const memory::stream_id qa = stream::native(a.s).id();
+  const memory::stream_id qb = stream::native(b.s).id();
+  s.return_after(qa);
+  s.return_after(qb);
   mismatch_counter bad;
   auto range = s.reserve_range(8 * g, g).value();
 
@@ -434,14 +432,12 @@ TEST(CudaStreams, MemoryABusyStreamMayStillUseIsNeverLent) {
   ASSERT_EQ(cudaStreamSynchronize(b.s), cudaSuccess);
   ASSERT_EQ(cudaStreamSynchronize(a.s), cudaSuccess);
   EXPECT_EQ(bad.value(), 0u) << "the old memory changed under a kernel that still read it";
-  ASSERT_EQ(cudaStreamSynchronize(static_cast<cudaStream_t>(s.native_queue())), cudaSuccess);
+  ASSERT_EQ(cudaStreamSynchronize(static_cast<cudaStream_t>(s.native_stream())), cudaSuccess);
   ASSERT_TRUE(s.flush());
   EXPECT_EQ(s.returning_bytes(), 0u);
   EXPECT_EQ(s.kept_allocations(), 0u);
   EXPECT_EQ(s.allocated_bytes(), 2 * g);
   EXPECT_EQ(s.gpu_waits(), 0u);
-  s.retire_queue(qa);
-  s.retire_queue(qb);
   s.release_range(range.id);
 }
 
@@ -457,7 +453,7 @@ TEST(CudaStreams, MappingOverAPendingUnmapNeverWaits) {
   memory::memory_manager m(std::move(store), opts);
   user_stream a;
   mismatch_counter bad;
-  const memory::queue_id qa = stream::native(a.s).id();
+  const memory::stream_id qa = stream::native(a.s).id();
   for (int round = 0; round < 20; ++round) {
     const std::uint64_t bytes = (1 + round % 5) * (6ULL << 20) + 4096ULL * round;
     auto h = m.reserve(bytes, qa).value();
@@ -553,12 +549,12 @@ TEST(CudaStreams, ACaptureStartedWithFreesQueuedKeepsThemOutOfTheGraph) {
   s.dealloc(page.id);  // queued, not flushed
   ASSERT_TRUE(s.begin_capture());
   EXPECT_EQ(s.driver_frees(), 1u) << "the queued free was not flushed before the capture";
-  test_kernels::fill_pattern(scratch_ptr, 1 << 20, 7, s.native_queue());
+  test_kernels::fill_pattern(scratch_ptr, 1 << 20, 7, s.native_stream());
   ASSERT_TRUE(s.flush());  // the actor flushes after every batch: nothing may reach the graph
   auto work = s.end_capture().value();
   ASSERT_NE(work, nullptr);
   for (int i = 0; i < 3; ++i) ASSERT_TRUE(work->launch());
-  EXPECT_EQ(cudaStreamSynchronize(static_cast<cudaStream_t>(s.native_queue())), cudaSuccess);
+  EXPECT_EQ(cudaStreamSynchronize(static_cast<cudaStream_t>(s.native_stream())), cudaSuccess);
   EXPECT_EQ(s.driver_frees(), 1u);
   work.reset();
 }

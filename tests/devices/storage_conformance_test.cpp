@@ -397,7 +397,7 @@ TYPED_TEST(StorageConformance, TypeErasedWrapperForwardsTheContract) {
     EXPECT_EQ(w.code(), errc::invalid_argument);
     EXPECT_EQ(r.code(), errc::invalid_argument);
   }
-  EXPECT_EQ(st.native_queue(), nullptr) << "host and sim have no work queue";
+  EXPECT_EQ(st.native_stream(), nullptr) << "host and sim have no work queue";
   EXPECT_TRUE(st.synchronize());
   st.dealloc(h->id);
   EXPECT_EQ(st.pending_deallocations(), 1u);

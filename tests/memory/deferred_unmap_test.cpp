@@ -16,7 +16,8 @@ using namespace devrt::memory;
 
 namespace {
 
-constexpr queue_id stream_a = 0x1000;
+// The device's own stream: frees are reused at once, as on a device used by one stream.
+constexpr stream_id stream_a = streams::device;
 constexpr std::uint64_t mib = 1ULL << 20;
 
 struct device {
@@ -25,7 +26,7 @@ struct device {
 
   explicit device(bool deferred) {
     devices::sim_options o;
-    o.queues = true;
+    o.streams = true;
     o.deferred_unmaps = deferred;
     o.props.map_granularity = 2 * mib;
     auto store = storage::make<devices::sim_storage>(o);
@@ -73,7 +74,7 @@ TEST(DeferredUnmaps, BehindBusyQueuesTheMemoryIsHeldUntilTheirWorkHasPassed) {
   const std::uint64_t idle_peak = idle.m->statistics().peak_bytes_reserved;
 
   device busy(true);
-  (void)busy.sim->mark(stream_a).value();  // work still queued on the stream
+  (void)busy.sim->record_event(stream_a).value();  // work still queued on the stream
   evict_then_map rb(busy);
   const memory_statistics& s = busy.m->statistics();
   ASSERT_GE(s.unmaps, 1u);
@@ -84,7 +85,7 @@ TEST(DeferredUnmaps, BehindBusyQueuesTheMemoryIsHeldUntilTheirWorkHasPassed) {
   ASSERT_TRUE(busy.m->end_batch());
   EXPECT_EQ(busy.sim->allocated_bytes(), held) << "memory went back while the queue could still use it";
   EXPECT_EQ(busy.m->statistics().bytes_returning, 32 * mib);
-  busy.sim->progress();  // the queued work, and the ticket behind it, have passed
+  busy.sim->progress();  // the queued work, and the event behind it, have passed
   ASSERT_TRUE(busy.m->end_batch());
   EXPECT_EQ(busy.m->statistics().bytes_returning, 0u);
   EXPECT_EQ(busy.sim->allocated_bytes(), held - 32 * mib);
@@ -94,13 +95,13 @@ TEST(DeferredUnmaps, BehindBusyQueuesTheMemoryIsHeldUntilTheirWorkHasPassed) {
 
 TEST(DeferredUnmaps, TheSameBoundsMappedAgainKeepTheirMemoryOthersWait) {
   devices::sim_options o;
-  o.queues = true;
+  o.streams = true;
   o.deferred_unmaps = true;
   o.props.map_granularity = 2 * mib;
   devices::sim_storage s(o);
   auto range = s.reserve_range(64 * mib, 2 * mib).value();
   ASSERT_TRUE(s.map(range.id, 0, 8 * mib));
-  (void)s.mark(queue::device).value();  // busy
+  (void)s.record_event(streams::device).value();  // busy
   s.unmap(range.id, 0, 8 * mib);
   EXPECT_EQ(s.returning_bytes(), 8 * mib);
   EXPECT_EQ(s.mapped_bytes(), 0u);
@@ -136,8 +137,8 @@ memory_statistics random_workload(device& d, std::uint32_t seed, bool busy) {
   std::uniform_int_distribution<int> pick(0, 99);
   for (int step = 0; step < 4000; ++step) {
     if (busy && step % 50 == 0) {
-      d.sim->progress();                    // the queued work so far has run
-      (void)d.sim->mark(stream_a).value();  // and more is queued
+      d.sim->progress();                            // the queued work so far has run
+      (void)d.sim->record_event(stream_a).value();  // and more is queued
     }
     if (live.empty() || pick(rng) < 55) {
       const int kind = pick(rng);
@@ -195,21 +196,21 @@ TEST(DeferredUnmaps, BehindABusyDeviceNothingWaitsAndEverythingComesBack) {
 // arena from forgetting the bounds of what it unmapped.
 TEST(DeferredUnmaps, OnlyUnmapsNotYetDoneAreInFlight) {
   devices::sim_options o;
-  o.queues = true;
+  o.streams = true;
   o.deferred_unmaps = true;
   o.props.map_granularity = 2 * mib;
   auto st = storage::make<devices::sim_storage>(o);
   auto* sim = st.backend<devices::sim_storage>();
   const storage_handle range = st.reserve_range(16 * mib, 2 * mib).value();
   ASSERT_TRUE(st.map(range.id, 0, 4 * mib));
-  const ticket busy = st.mark(queue::device).value();  // work queued that may use the mapping
+  const event busy = st.record_event(streams::device).value();  // work queued that may use the mapping
   st.unmap(range.id, 0, 4 * mib);
   ASSERT_TRUE(st.flush());
   EXPECT_EQ(st.unmaps_in_flight(), 1u);
   EXPECT_EQ(st.returning_bytes(), 4 * mib);
   sim->run_until(busy);  // the unmap was recorded behind the flush, later than `busy`
   EXPECT_EQ(st.unmaps_in_flight(), 1u);
-  sim->run_until(st.mark(queue::device).value());
+  sim->run_until(st.record_event(streams::device).value());
   ASSERT_TRUE(st.flush());
   EXPECT_EQ(st.unmaps_in_flight(), 0u);
   EXPECT_EQ(st.returning_bytes(), 0u);

@@ -77,7 +77,7 @@ class sampler {
 devices::sim_options sim_for(device_choice d) {
   devices::sim_options o = devices::sim_options::h200();
   if (d == device_choice::sim_gpu) {
-    o.queues = true;
+    o.streams = true;
     o.deferred_unmaps = true;
     o.name = "sim-h200-gpu";
   }
@@ -117,17 +117,17 @@ result<replay_result> replay_core(const trace& t, const replay_options& o) {
   std::uint64_t peak_live = 0;
   std::uint64_t played = 0;
 
-  // A busy simulated GPU: a ticket per event, each completing gpu_lag events later.
+  // A busy simulated GPU: an event per trace event, each completing gpu_lag events later.
   devices::sim_storage* gpu = o.gpu_lag != 0 ? store.backend<devices::sim_storage>() : nullptr;
-  std::vector<memory::ticket> in_flight(gpu != nullptr ? o.gpu_lag : 0);
+  std::vector<memory::event> in_flight(gpu != nullptr ? o.gpu_lag : 0);
 
   const auto start = clock_type::now();
   for (std::uint64_t i = 0; i < n; ++i) {
     const trace_event& e = events[i];
     if (gpu != nullptr) {
-      memory::ticket& slot = in_flight[i % o.gpu_lag];
+      memory::event& slot = in_flight[i % o.gpu_lag];
       if (slot != 0) gpu->run_until(slot);
-      slot = gpu->mark(memory::queue::device).value();
+      slot = gpu->record_event(memory::streams::device).value();
     }
     if ((i & 0xffff) == 0 && o.progress) o.progress(i, n);
     if (e.kind == event_kind::alloc) {

@@ -10,14 +10,17 @@
  * (devrt_device_count). Every function is safe to call from any thread, except devrt_init and
  * devrt_shutdown, which must not overlap other calls.
  *
- * Streams: a stream argument is a cudaStream_t. NULL names the device's own stream (devrt's),
- * *not* CUDA's legacy default stream: name that one DEVRT_STREAM_LEGACY ((void*)1, the value of
- * cudaStreamLegacy) and the calling thread's per-thread default stream DEVRT_STREAM_PER_THREAD
- * ((void*)2, cudaStreamPerThread). Memory is free in stream order: after devrt_free(p, d, s),
- * later work on s may get p's memory at once, other streams only once the work queued on s (and
- * on every stream given to devrt_record_stream) by then is done. The host device accepts every
- * stream and ignores it. A stream must outlive the memory used on it (or be retired, see the C++
- * `compute_client::retire_stream`).
+ * Streams: a stream argument is a cudaStream_t, as in CUDA and PyTorch: NULL (like
+ * DEVRT_STREAM_LEGACY, (void*)1, the value of cudaStreamLegacy) is CUDA's legacy default stream,
+ * DEVRT_STREAM_PER_THREAD ((void*)2, cudaStreamPerThread) the calling thread's per-thread default
+ * stream, and DEVRT_STREAM_DEVICE ((void*)3) the device's own stream (devrt's). Memory is free in
+ * stream order: after devrt_free(p, d, s), later work on s may get p's memory at once, other
+ * streams only once the work queued on s (and on every stream given to devrt_record_stream) by
+ * then is done; no memory goes back to the driver before that either. The point s has reached is
+ * recorded at the free itself, so s may be destroyed right after the free, with its work still
+ * queued: a stream created later (even with the same handle) never gets that memory early. Free
+ * memory before destroying the stream it is used on. The host device accepts every stream and
+ * ignores it.
  *
  * Errors: every function returns a devrt_status (0 is success) and never lets an exception out;
  * devrt_last_error() is the calling thread's message of its last failed call, with the values
@@ -56,16 +59,17 @@ extern "C" {
 #define DEVRT_C_API_VERSION 1
 
 #define DEVRT_HOST_DEVICE (-1)
-/* The streams without a handle of their own: the device's own stream (devrt's), CUDA's legacy
- * default stream (cudaStreamLegacy) and the per-thread default stream (cudaStreamPerThread). */
+/* The streams without a handle of their own: CUDA's legacy default stream (cudaStreamLegacy; NULL
+ * names it too), the per-thread default stream (cudaStreamPerThread) and the device's own stream
+ * (devrt's). */
 #ifdef __cplusplus
-#define DEVRT_STREAM_DEVICE (static_cast<void*>(nullptr))
 #define DEVRT_STREAM_LEGACY (reinterpret_cast<void*>(1))
 #define DEVRT_STREAM_PER_THREAD (reinterpret_cast<void*>(2))
+#define DEVRT_STREAM_DEVICE (reinterpret_cast<void*>(3))
 #else
-#define DEVRT_STREAM_DEVICE ((void*)0)
 #define DEVRT_STREAM_LEGACY ((void*)1)
 #define DEVRT_STREAM_PER_THREAD ((void*)2)
+#define DEVRT_STREAM_DEVICE ((void*)3)
 #endif
 
 /* Largest size devrt_malloc accepts: 2^62 bytes (a larger one is a bug, e.g. a negative size cast). */
@@ -109,7 +113,8 @@ typedef struct devrt_stats {
   uint64_t live_allocations;
   uint64_t allocations;          /* successful allocations */
   uint64_t frees;                /* allocations freed */
-  uint64_t failed_allocations;   /* allocations the device refused (rejected arguments do not count) */
+  uint64_t failed_allocations;   /* allocation calls that failed (one per call; a call that succeeds after
+                                    devrt reclaimed memory is no failure) */
   uint64_t out_of_memory_errors; /* allocations that returned DEVRT_ERROR_OUT_OF_MEMORY */
   uint64_t driver_allocs;        /* memory obtained from the driver (calls) */
   uint64_t driver_frees;         /* memory returned to the driver (calls) */
@@ -118,9 +123,9 @@ typedef struct devrt_stats {
   uint64_t device_refusals;      /* driver allocations refused by the device */
   uint64_t cleanups;             /* explicit cleanups (devrt_empty_cache) */
   uint64_t reclaims;             /* cleanups forced by an out-of-memory before one retry */
-  uint64_t stream_waits;         /* times devrt waited for streams to pass their frees */
-  uint64_t fences;               /* events recorded on streams for frees */
-  uint64_t streams;              /* streams using the device's memory */
+  uint64_t stream_waits;         /* times devrt waited for streams to pass their frees (memory pressure) */
+  uint64_t fences;               /* fences taken or recorded on streams for frees */
+  uint64_t streams;              /* streams whose memory devrt tracks now */
 } devrt_stats;
 
 /* Fills `options` with the defaults (CUDA on, layouts "auto", no host cap, environment read). */
@@ -145,7 +150,10 @@ DEVRT_C_EXPORT const char* devrt_last_error(void);
 /* A short stable name of a status ("DEVRT_ERROR_OUT_OF_MEMORY"). */
 DEVRT_C_EXPORT const char* devrt_status_name(int status);
 
-/* Number of CUDA devices devrt uses (0 without CUDA). */
+/* Number of CUDA devices: device indices are CUDA's (0..count-1, as the CUDA runtime numbers them
+ * after CUDA_VISIBLE_DEVICES). DEVRT_CUDA_DEVICES may leave some out: a call naming one fails with
+ * INVALID_DEVICE. 0 without CUDA. A device is started (context, stream, actor) by the first call
+ * that names it. */
 DEVRT_C_EXPORT int devrt_device_count(int* count);
 
 /* Allocates `size` bytes on `device` for use on `stream` (see Streams above). Size 0 gives a
@@ -155,13 +163,20 @@ DEVRT_C_EXPORT int devrt_malloc(void** ptr, size_t size, int device, void* strea
 
 /* Frees `ptr` in stream order on `stream`; when `stream` is not the stream it was allocated for,
  * the memory is first recorded as used on `stream`. Errors: UNKNOWN_POINTER, DOUBLE_FREE,
- * INVALID_DEVICE (not the pointer's device), NOT_INITIALIZED. NULL is accepted and does nothing. */
+ * INVALID_DEVICE (not the pointer's device), INVALID_VALUE (`stream` is not a live stream),
+ * NOT_INITIALIZED; after an error the pointer is as it was. NULL is accepted and does nothing. */
 DEVRT_C_EXPORT int devrt_free(void* ptr, int device, void* stream);
 
 /* Marks `ptr`'s memory as used on `stream` too (as PyTorch's Tensor.record_stream): when it is
- * freed, no other allocation gets it before the work queued on `stream` by then is done.
- * Errors: UNKNOWN_POINTER, NOT_INITIALIZED. */
+ * freed, no other allocation gets it before the work queued on `stream` by then is done. `stream`
+ * may be another GPU's stream (its kernels use the memory through peer access). Errors:
+ * UNKNOWN_POINTER, INVALID_VALUE (`stream` is not a live stream), DEVICE, NOT_INITIALIZED. */
 DEVRT_C_EXPORT int devrt_record_stream(void* ptr, void* stream);
+
+/* Optional: `stream` (of `device`) is about to be destroyed. Its frees are fenced when they happen
+ * anyway; retiring lets devrt forget the stream as soon as its memory is back. Errors:
+ * INVALID_DEVICE, DEVICE, NOT_INITIALIZED. */
+DEVRT_C_EXPORT int devrt_retire_stream(int device, void* stream);
 
 /* The size `ptr` was allocated with. Errors: UNKNOWN_POINTER, INVALID_VALUE (size is NULL). */
 DEVRT_C_EXPORT int devrt_allocation_size(void* ptr, size_t* size);
@@ -182,11 +197,13 @@ DEVRT_C_EXPORT int devrt_empty_cache(int device);
 DEVRT_C_EXPORT int devrt_configure(int device, const char* layout);
 
 /* ---- PyTorch (torch.cuda.memory.CUDAPluggableAllocator) ----
- * The signatures PyTorch loads by name. Streams are CUDA's: 0 is the legacy default stream (as
- * in PyTorch), not the device's own. PyTorch does not check the pointer its malloc function
+ * The signatures PyTorch loads by name. Streams are CUDA's, as everywhere in this header: 0 is
+ * the legacy default stream. PyTorch does not check the pointer its malloc function
  * returns, so on failure devrt_torch_malloc throws a C++ exception (std::bad_alloc carrying
  * devrt's message, which PyTorch turns into a Python RuntimeError) instead of returning NULL;
- * the message is also kept in devrt_last_error. Call them from C++ only (not from ctypes). */
+ * the message is also kept in devrt_last_error. devrt_torch_record_stream throws a
+ * std::runtime_error with devrt's message when the stream cannot be tracked. Call them from C++
+ * only (not from ctypes). */
 DEVRT_C_EXPORT void* devrt_torch_malloc(ssize_t size, int device, devrt_cuda_stream stream);
 DEVRT_C_EXPORT void devrt_torch_free(void* ptr, ssize_t size, int device, devrt_cuda_stream stream);
 DEVRT_C_EXPORT void devrt_torch_record_stream(void* ptr, devrt_cuda_stream stream);

@@ -1,7 +1,7 @@
 // Copies between the memory of CUDA devices, and the events that order them on streams of two
 // devices.
 //
-// An event of a storage's own pool (its tickets) belongs to that storage's owner thread; a copy
+// An event of a storage's own pool (its events) belongs to that storage's owner thread; a copy
 // between two devices is ordered from the strands of both, so its events are created for it and
 // shared instead (about a microsecond each, never on the reserve path). Destroying an event whose
 // work is still queued is allowed: the driver frees it once it has completed.

@@ -10,7 +10,7 @@
 // Tickets are pooled events: `mark` records one on a stream, `passed` queries it without
 // blocking. Copies never make the calling thread wait for the GPU: `write_on` stages the bytes in
 // pinned host memory from a small pool of the device's and copies from there, `read_async`
-// copies into pinned memory and hands the bytes over once its ticket has passed. (`read` and
+// copies into pinned memory and hands the bytes over once its event has passed. (`read` and
 // `synchronize` still wait, for callers that want exactly that.) The legacy default stream is
 // used as it is; work for the per-thread default stream of a client is ordered on the legacy
 // stream, which waits for every blocking stream, the per-thread ones included.
@@ -115,24 +115,28 @@ class cuda_storage {
 
   /// The stream; also binds the calling thread to the device, so that kernels the caller launches
   /// on the stream go to the right GPU.
-  [[nodiscard]] void* native_queue() noexcept;
+  [[nodiscard]] void* native_stream() noexcept;
   result<void> begin_capture();
   result<std::shared_ptr<memory::recorded_work>> end_capture();
   result<void> synchronize();
 
-  // ---- Streams and tickets (see memory::queued_backend) ----
-  result<memory::ticket> mark(memory::queue_id q);
-  result<bool> passed(memory::ticket t);
-  result<void> wait(memory::ticket t);
-  result<void> join(memory::queue_id q, memory::ticket t);
-  /// A stream that uses the memory: the device's stream joins it before memory goes back.
-  void use_queue(memory::queue_id q);
-  /// Forgets the stream, after the device's stream has joined what it queued so far.
-  void retire_queue(memory::queue_id q);
-  result<void> write_on(const memory::storage_handle& h, const void* src, memory::queue_id q);
-  result<memory::ticket> read_async(const memory::storage_handle& h, void* dst, memory::queue_id q);
+  // ---- Streams and events (see memory::queued_backend) ----
+  result<memory::event> record_event(memory::stream_id q);
+  result<bool> query_event(memory::event t);
+  result<void> wait_event(memory::event t);
+  result<void> stream_wait_event(memory::stream_id q, memory::event t);
+  void release_event(memory::event t) noexcept;
+  /// cudaStreamGetId and cudaStreamGetDevice of a native stream. Errors: invalid_argument.
+  result<memory::stream_identity> identify(memory::stream_id s);
+  /// Free-time fences of a native stream, with events of the stream's device.
+  result<std::unique_ptr<memory::free_fence>> make_free_fence(memory::stream_id s, const memory::stream_identity& id);
+  /// cudaDeviceSynchronize. Error capture_active while the device's stream records a capture.
+  result<void> synchronize_device();
+  void return_after(memory::stream_id s);
+  result<void> write_on(const memory::storage_handle& h, const void* src, memory::stream_id q);
+  result<memory::event> read_async(const memory::storage_handle& h, void* dst, memory::stream_id q);
   /// The CUDA stream that work for `q` is ordered on.
-  [[nodiscard]] void* stream_of(memory::queue_id q) const noexcept;
+  [[nodiscard]] void* stream_of(memory::stream_id q) const noexcept;
   /// Times the owner thread waited for the GPU: an unmap that a map had to wait for, or memory
   /// pressure (for tests; 0 on the normal path).
   [[nodiscard]] std::uint64_t gpu_waits() const noexcept { return gpu_waits_; }
@@ -227,7 +231,7 @@ class cuda_storage {
     std::uint64_t seq;
     std::vector<std::pair<memory::storage_id, std::uint64_t>> units;
   };
-  // A ticket's event and what completes with it. Ticket value: generation << 32 | (slot + 1).
+  // An event of the pool and what completes with it. Its id: generation << 32 | (slot + 1).
   struct ticket_slot {
     void* event = nullptr;    // cudaEvent_t
     void* staging = nullptr;  // pinned buffer of a staged read (or write), given back on completion
@@ -236,12 +240,16 @@ class cuda_storage {
     std::uint64_t bytes = 0;
     std::uint32_t generation = 0;
     bool live = false;
+    bool foreign = false;  // an event of another device: destroyed, not pooled
   };
   struct staging_buffer {
     void* ptr;
     std::uint64_t size;
   };
   struct driver_api;
+  class free_fence_impl;
+  /// A ticket for an event taken from a free fence (`foreign`: of another device, destroyed when done).
+  memory::event adopt_event(void* ev, bool foreign);
   result<void> bind_device() const;
   range* find_range(memory::storage_id id, std::uint64_t offset, std::uint64_t size);
   /// Unmaps and releases the units of completed batches; with `wait`, waits for all of them.
@@ -262,12 +270,12 @@ class cuda_storage {
   /// Sets the access of every device to the mapping at [at, at + size): read-write for the device
   /// and its peers, none for `revoked`.
   result<void> set_mapping_access(std::uint64_t at, std::uint64_t size, const std::vector<int>& revoked) const;
-  // Events and tickets.
+  // Events and events.
   result<void*> take_event();
   void give_event(void* ev) noexcept;
-  ticket_slot* slot_of(memory::ticket t) noexcept;
-  memory::ticket new_ticket(void* ev);
-  void finish_ticket(memory::ticket t) noexcept;
+  ticket_slot* slot_of(memory::event t) noexcept;
+  memory::event new_ticket(void* ev);
+  void finish_ticket(memory::event t) noexcept;
   // Pinned staging memory.
   result<staging_buffer> take_staging(std::uint64_t size);
   void give_staging(staging_buffer b) noexcept;
@@ -298,13 +306,13 @@ class cuda_storage {
   // take one) and at the end of every flush.
   std::vector<std::pair<std::uint64_t, std::uint64_t>> kept_;
   std::uint64_t kept_bytes_ = 0;
-  mutable driver_profile profile_;        // counted from const calls too (set_mapping_access)
-  std::vector<memory::queue_id> queues_;  // streams in use besides the device's own
+  mutable driver_profile profile_;               // counted from const calls too (set_mapping_access)
+  std::vector<memory::stream_id> return_after_;  // streams returns wait for besides the device's own
   std::vector<void*> free_events_;
   std::vector<ticket_slot> tickets_;
   std::vector<std::uint32_t> free_tickets_;
   std::vector<staging_buffer> staging_free_;
-  std::vector<std::pair<memory::ticket, staging_buffer>> staging_in_flight_;
+  std::vector<std::pair<memory::event, staging_buffer>> staging_in_flight_;
   std::uint64_t staging_bytes_ = 0;
   std::uint64_t gpu_waits_ = 0;
   std::uint64_t idle_releases_ = 0;

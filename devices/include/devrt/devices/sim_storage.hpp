@@ -1,14 +1,25 @@
 // Simulated storage: pages are ids and sizes only, with no memory behind them. It has the
 // properties and capacity of any device (an H200's by `sim_options::h200()`), so traces larger than
-// this machine can be replayed, and it fails on request: the N-th allocation, or the next flush.
-// With a map granularity it also reserves address ranges and maps granules into them; unmapping
-// takes effect at once (the simulated device runs no work that could still use the memory).
+// this machine can be replayed, and it fails on request: the N-th allocation, the next flush, the
+// next event record or query, the next identification of a stream. With a map granularity it also
+// reserves address ranges and maps granules into them.
 //
-// Threading: owned by one memory manager; called only from its owner thread.
+// With `sim_options::streams` it simulates what a GPU's streams do to memory, exactly and under the
+// test's control: streams that clients create and destroy (the driver hands a destroyed stream's
+// handle to the next stream created, as CUDA does, and a record on a destroyed stream fails),
+// events that pass only when the test lets a stream progress, waits of one stream for another's
+// event that hold it back until that event passes, free-time fences recorded from any thread,
+// streams of another device, and unmaps that take effect behind the work queued before them.
+//
+// Threading: owned by one memory manager and called from its owner thread; free-time fences
+// (`free_fence::record`) and the test's progress calls may come from any thread.
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
+#include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <unordered_map>
@@ -21,13 +32,15 @@ namespace devrt::devices {
 struct sim_options {
   memory::device_properties props{1ULL << 30, 512, 0};  ///< capacity 0: no limit
   std::string name = "sim";
-  /// Simulate work queues (streams): tickets pass only when the test lets the simulated device
-  /// progress (`sim_storage::progress`), so stream-ordered reuse can be checked without a GPU.
-  bool queues = false;
-  /// With `queues`: an unmap takes effect as on a GPU, behind the work queued before it. A flush
-  /// gives the memory back at once when no ticket of any queue is outstanding (the device has
-  /// nothing left to run), otherwise behind a ticket on the device's queue, given back by the first
-  /// flush or map after that ticket has passed. Until then the memory is returning
+  /// Simulate streams: events pass only when the test lets the simulated device progress
+  /// (`sim_storage::progress`), so stream-ordered reuse can be checked without a GPU.
+  bool streams = false;
+  /// The simulated device's index (streams of other indices are another device's).
+  int device = 0;
+  /// With `streams`: an unmap takes effect as on a GPU, behind the work queued before it. A flush
+  /// gives the memory back at once when no event of any queue is outstanding (the device has
+  /// nothing left to run), otherwise behind an event on the device's queue, given back by the first
+  /// flush or map after that event has passed. Until then the memory is returning
   /// (`returning_bytes`); the same bounds mapped again keep it; other bounds over it wait (counted
   /// in `waits()`).
   bool deferred_unmaps = false;
@@ -50,13 +63,16 @@ class sim_storage {
   [[nodiscard]] std::uint64_t returning_bytes() const noexcept;
   /// Unmaps deferred behind queued work and not done yet.
   [[nodiscard]] std::size_t unmaps_in_flight() const noexcept { return unmapping_.size(); }
-  /// Releases queued pages. Error device_error when a failure was injected; the queue is kept.
+  /// Releases queued pages (with streams: behind the work queued on the device's stream, as
+  /// cudaFreeAsync). Error device_error when a failure was injected; the queue is kept.
   result<void> flush();
   /// A resource with no pointer. Errors: not_found, invalid_argument.
   [[nodiscard]] result<memory::resource> get(const memory::storage_handle& h);
   result<void> write(const memory::storage_handle& h, const void* src);
   result<void> read(const memory::storage_handle& h, void* dst);
-  [[nodiscard]] std::size_t pending_deallocations() const noexcept { return pending_.size() + unmapping_.size(); }
+  [[nodiscard]] std::size_t pending_deallocations() const noexcept {
+    return pending_.size() + unmapping_.size() + freeing_.size();
+  }
   [[nodiscard]] std::string name() const { return opts_.name; }
 
   // ---- Address ranges (when `props.map_granularity` is not 0) ----
@@ -72,44 +88,90 @@ class sim_storage {
   void unmap(memory::storage_id range, std::uint64_t offset, std::uint64_t size);
   void release_range(memory::storage_id range);
 
-  // ---- Simulated queues (sim_options::queues) ----
-  [[nodiscard]] bool ordered() const noexcept { return opts_.queues; }
-  [[nodiscard]] void* native_queue() noexcept { return nullptr; }
-  result<void> begin_capture() { return {}; }
-  result<std::shared_ptr<memory::recorded_work>> end_capture() { return std::shared_ptr<memory::recorded_work>(); }
+  // ---- Simulated streams (sim_options::streams) ----
+  [[nodiscard]] bool ordered() const noexcept { return opts_.streams; }
+  [[nodiscard]] void* native_stream() noexcept { return nullptr; }
+  result<void> begin_capture();
+  result<std::shared_ptr<memory::recorded_work>> end_capture();
   result<void> synchronize() {
     progress();
     return {};
   }
-  /// A ticket that passes when the simulated device progresses past it on its queue.
-  result<memory::ticket> mark(memory::queue_id q);
-  result<bool> passed(memory::ticket t) const noexcept;
-  /// Lets the ticket's queue run up to `t` (counted in waits()).
-  result<void> wait(memory::ticket t) noexcept;
-  /// The simulated device runs the ticket's queue up to `t` on its own (not a wait).
-  void run_until(memory::ticket t) noexcept;
-  result<void> join(memory::queue_id q, memory::ticket t) noexcept;
-  void use_queue(memory::queue_id q);
-  void retire_queue(memory::queue_id q);
-  result<void> write_on(const memory::storage_handle& h, const void* src, memory::queue_id) { return write(h, src); }
-  result<memory::ticket> read_async(const memory::storage_handle& h, void* dst, memory::queue_id q);
-  /// The simulated device finishes every piece of work queued so far, on every queue.
+  /// An event that passes when the simulated device progresses past it on stream `s`. Errors:
+  /// device_error (injected, or `s` a destroyed stream), capture_active (the device's stream
+  /// during a capture).
+  result<memory::event> record_event(memory::stream_id s);
+  result<bool> query_event(memory::event e);
+  /// Lets the event's stream run up to `e` (counted in waits()).
+  result<void> wait_event(memory::event e);
+  /// Later work on `s` waits for `e` (it cannot pass before `e` has).
+  result<void> stream_wait_event(memory::stream_id s, memory::event e);
+  void release_event(memory::event) noexcept {}
+  result<memory::stream_identity> identify(memory::stream_id s);
+  result<std::unique_ptr<memory::free_fence>> make_free_fence(memory::stream_id s, const memory::stream_identity& id);
+  /// Every stream, destroyed ones included, finishes its work (counted in waits()).
+  result<void> synchronize_device();
+  void return_after(memory::stream_id s);
+  result<void> write_on(const memory::storage_handle& h, const void* src, memory::stream_id) { return write(h, src); }
+  result<memory::event> read_async(const memory::storage_handle& h, void* dst, memory::stream_id s);
+
+  /// A stream a client creates: a new handle, or (as CUDA does) the handle of the stream destroyed
+  /// last, now naming a new stream. `device`: the device it runs on (default: this one).
+  memory::stream_id create_stream(int device = -1);
+  /// Destroys the stream: its handle names no stream until a create reuses it, records on it
+  /// fail, and its queued work still runs (progress_uid).
+  void destroy_stream(memory::stream_id s);
+  /// The simulated device's id of the stream a handle names now (0: none). A handle never created
+  /// is a stream of its own from its first use (so tests may name streams by any value).
+  [[nodiscard]] std::uint64_t stream_uid(memory::stream_id s);
+  /// The simulated device finishes every piece of work queued so far, on every stream.
   void progress() noexcept;
-  /// Queue `q` (alone) finishes the work queued on it so far.
-  void progress_queue(memory::queue_id q) noexcept;
-  /// Tickets handed out so far (each new ticket is the next number).
-  [[nodiscard]] memory::ticket issued_tickets() const noexcept { return issued_; }
-  /// The newest ticket of queue `q` that has passed (0: none).
-  [[nodiscard]] memory::ticket passed_on(memory::queue_id q) const noexcept;
+  /// Stream `s` (the one its handle names now) finishes what it can of the work queued on it so
+  /// far: up to the first wait for an event that has not passed.
+  void progress_stream(memory::stream_id s) noexcept;
+  /// The same for a stream by id (a destroyed stream's work).
+  void progress_uid(std::uint64_t uid) noexcept;
+  /// The stream of `e` runs up to it (and what it waits for first); not counted as a wait.
+  void run_until(memory::event e) noexcept;
+  /// Events handed out so far (each new event is the next number).
+  [[nodiscard]] memory::event issued_events() const noexcept;
+  /// The newest event of stream `s` that has passed (0: none).
+  [[nodiscard]] memory::event passed_on(memory::stream_id s);
+  /// Whether `e` has passed.
+  [[nodiscard]] bool has_passed(memory::event e) const noexcept;
+  /// Whether work queued on stream uid `uid` from now on runs after `e` (e passed, `e` is on that
+  /// stream, or the stream waits for an event that is ordered after it).
+  [[nodiscard]] bool ordered_after(std::uint64_t uid, memory::event e) const noexcept;
+  /// The stream id (uid) an event was recorded on.
+  [[nodiscard]] std::uint64_t uid_of(memory::event e) const noexcept;
   [[nodiscard]] std::uint64_t waits() const noexcept { return waits_; }
   [[nodiscard]] std::uint64_t joins() const noexcept { return joins_; }
-  [[nodiscard]] const std::vector<memory::queue_id>& queues() const noexcept { return queues_; }
+  [[nodiscard]] std::uint64_t free_records() const noexcept;
+  /// The streams `return_after` named.
+  [[nodiscard]] const std::vector<memory::stream_id>& returns_after() const noexcept { return return_after_; }
+  /// Memory the simulated driver took back: pages, mappings (range, offset, size; page: offset 0),
+  /// and address ranges. Called by the owner thread at the moment it happens (tests check that no
+  /// stream may still use it).
+  struct given_back {
+    memory::storage_id id;
+    std::uint64_t offset;
+    std::uint64_t size;
+  };
+  std::function<void(const given_back&)> on_give_back;
 
   // ---- Fault injection and introspection ----
   /// Makes the n-th allocation from now (1 = the next one) fail with out_of_memory.
   void fail_allocation(std::uint64_t n) noexcept { fail_at_ = alloc_calls_ + n; }
   /// Makes the next flush fail with device_error.
   void fail_next_flush() noexcept { fail_flush_ = true; }
+  /// Makes the next event record of the owner (record_event) fail with device_error.
+  void fail_next_record() noexcept { fail_record_ = true; }
+  /// Makes the next free-time record (free_fence::record) fail.
+  void fail_next_free_record() noexcept;
+  /// Makes the next event query fail with device_error (the event is gone with it).
+  void fail_next_query() noexcept { fail_query_ = true; }
+  /// Makes the next identification of a stream fail with device_error.
+  void fail_next_identify() noexcept { fail_identify_ = true; }
   void set_capacity(std::uint64_t bytes) noexcept { opts_.props.capacity = bytes; }
   [[nodiscard]] std::uint64_t allocated_bytes() const noexcept { return allocated_; }
   [[nodiscard]] std::uint64_t peak_allocated_bytes() const noexcept { return peak_; }
@@ -140,14 +202,21 @@ class sim_storage {
   };
   result<void> check_granules(const range& r, std::uint64_t offset, std::uint64_t size) const;
   // An unmap that has not taken effect (deferred_unmaps): `after` 0 until a flush records it
-  // behind a ticket of the device's queue; the memory stays held (allocated_) until it is given back.
+  // behind an event of the device's queue; the memory stays held (allocated_) until it is given back.
   struct unmapping {
     memory::storage_id range;
     std::uint64_t first;   // unit
     std::uint64_t length;  // units
     std::uint64_t bytes;
-    memory::ticket after;
+    memory::event after;
   };
+  // A page or a range given back behind the device's stream (with streams): freed once `after`
+  // has passed (0: at once).
+  struct freeing {
+    memory::storage_id id;
+    memory::event after;
+  };
+  void free_now(memory::storage_id id);
   // Gives back the unmappings of `id` that `pick` selects.
   template <class Pick>
   void give_back_unmaps(Pick pick);
@@ -161,6 +230,7 @@ class sim_storage {
   range* last_range_ = nullptr;  // unordered_map nodes do not move
   std::vector<memory::storage_id> pending_;
   std::vector<unmapping> unmapping_;
+  std::vector<freeing> freeing_;
   std::uint64_t allocated_ = 0;
   std::uint64_t peak_ = 0;
   std::uint64_t alloc_calls_ = 0;
@@ -169,12 +239,42 @@ class sim_storage {
   std::optional<std::uint64_t> fail_at_;
   bool fail_flush_ = false;
   memory::storage_id next_id_ = 1;
-  memory::ticket issued_ = 0;
-  std::map<memory::ticket, memory::queue_id> unpassed_;
-  std::map<memory::queue_id, memory::ticket> passed_on_;
+  // ---- Streams (under mutex_: free-time fences record from any thread) ----
+  struct sim_stream {
+    int device = 0;
+    bool alive = true;
+    // Waits of this stream: (events issued before the wait, the event waited for). Work queued
+    // after the wait passes only once that event has.
+    std::vector<std::pair<memory::event, memory::event>> waits;
+  };
+  class fence_impl;
+  memory::event record_locked(std::uint64_t uid);
+  std::uint64_t uid_locked(memory::stream_id s);
+  void progress_locked(std::uint64_t uid) noexcept;
+  void run_until_locked(memory::event e) noexcept;
+  bool ordered_after_locked(std::uint64_t uid, memory::event e, int depth) const noexcept;
+  void pass_locked(memory::event e) noexcept;
+
+  mutable std::mutex mutex_;
+  memory::event issued_ = 0;
+  std::map<memory::event, std::uint64_t> unpassed_;      // event -> stream uid
+  std::unordered_map<memory::event, std::uint64_t> of_;  // every event -> stream uid
+  std::unordered_map<std::uint64_t, memory::event> passed_on_;
+  std::unordered_map<std::uint64_t, sim_stream> streams_;      // by uid
+  std::unordered_map<memory::stream_id, std::uint64_t> live_;  // handle -> uid
+  std::vector<memory::stream_id> recycled_;                    // destroyed handles, newest last
+  std::unordered_map<memory::stream_id, bool> destroyed_;      // destroyed and not reused
+  std::uint64_t next_uid_ = 16;
+  memory::stream_id next_handle_ = 0x100000;
   std::uint64_t waits_ = 0;
   std::uint64_t joins_ = 0;
-  std::vector<memory::queue_id> queues_;
+  std::uint64_t free_records_ = 0;
+  bool fail_record_ = false;
+  bool fail_free_record_ = false;
+  bool fail_query_ = false;
+  bool fail_identify_ = false;
+  bool capturing_ = false;
+  std::vector<memory::stream_id> return_after_;
 };
 
 static_assert(memory::storage_backend<sim_storage>);

@@ -71,12 +71,14 @@ class arena_pool {
   /// The live slice at `loc` lost its last reference: free it, merge it, release granules. With a
   /// `tag` (a stream), the slice stays free for that stream only until `harvest` finds its
   /// stream's fence for `epoch` passed.
-  void release(pool_context& ctx, const location& loc, queue_id tag = queue::none, std::uint64_t epoch = 0);
+  void release(pool_context& ctx, const location& loc, std::uint64_t tag = 0, std::uint64_t epoch = 0);
   /// Frees for every stream the tagged slices whose fences have passed (polls the fences first
   /// when `poll`). True when any slice changed.
   bool harvest(pool_context& ctx, bool poll);
-  /// Free slices kept for one stream.
+  /// Free slices kept for one stream, and their bytes.
   [[nodiscard]] std::size_t tagged_slices() const noexcept { return tagged_; }
+  /// (A walk over the tagged slices: for configure and reports, not the reserve path.)
+  [[nodiscard]] std::uint64_t tagged_bytes() const noexcept;
   [[nodiscard]] result<slice_view> find(const detail::descriptor* d) const;
   /// The address of the live slice at `slot` without asking the storage, once `learn_base` has
   /// seen one resolved address of the range (a range's addresses are contiguous); false before.
@@ -125,8 +127,8 @@ class arena_pool {
     std::uint64_t size = 0;
     std::uint64_t cursor = 0;
     detail::descriptor* desc = nullptr;
-    queue_id tag = queue::none;  // free slices: the only stream that may take it (none: any)
-    std::uint64_t epoch = 0;     // tagged: the epoch of its newest free
+    std::uint64_t tag = 0;    // free slices: the registration (serial) of the only stream that may take it (0: any)
+    std::uint64_t epoch = 0;  // tagged: the epoch of its newest free
     std::uint32_t self = 0;
     std::uint32_t prev = npos;
     std::uint32_t next = npos;
@@ -140,7 +142,7 @@ class arena_pool {
   };
   // The tagged free slices of one stream: oldest epoch first on the list, by size in the index.
   struct tag_list {
-    queue_id tag = queue::none;
+    std::uint64_t tag = 0;
     std::uint32_t head = npos;
     std::uint32_t tail = npos;
     size_class_index free;
@@ -169,7 +171,7 @@ class arena_pool {
   result<void> reserve_range(pool_context& ctx);
   /// The best fitting free slice for a reserve on `tag` (its own tagged slices or untagged ones),
   /// or npos.
-  std::uint32_t best_fit(std::uint64_t extent, queue_id tag);
+  std::uint32_t best_fit(std::uint64_t extent, std::uint64_t tag);
   /// Takes `extent` bytes of the free slice `slot` (tagged or not) for a new live slice; returns
   /// its descriptor.
   detail::descriptor* take(pool_context& ctx, std::uint32_t slot, std::uint64_t extent, std::uint64_t size);
@@ -192,8 +194,8 @@ class arena_pool {
   std::uint32_t merge_free(std::uint32_t slot);
   /// Frees the tagged slice `slot` for every stream.
   void untag(pool_context& ctx, std::uint32_t slot);
-  tag_list& list_of(queue_id tag);
-  tag_list* find_list(queue_id tag) noexcept;
+  tag_list& list_of(std::uint64_t tag);
+  tag_list* find_list(std::uint64_t tag) noexcept;
   void tag_append(std::uint32_t slot);
   void tag_insert_after(std::uint32_t at, std::uint32_t slot);
   void tag_unlink(std::uint32_t slot);

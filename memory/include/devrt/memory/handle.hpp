@@ -16,6 +16,7 @@
 #include <cstdint>
 #include <memory>
 #include <utility>
+#include <vector>
 
 #include "devrt/memory/error.hpp"
 #include "devrt/memory/stream.hpp"
@@ -40,8 +41,14 @@ struct location {
 };
 
 class release_queue;
+class stream_state;
 
 namespace detail {
+
+/// The streams `record_stream` added to an allocation (owner thread writes; see descriptor).
+struct stream_list {
+  std::vector<stream_state*> streams;
+};
 
 /// Shared state behind handles and bindings.
 ///
@@ -70,11 +77,18 @@ struct descriptor {
   /// without addresses (sim). Read from any thread.
   std::atomic<void*> address{nullptr};
   std::atomic<std::uint64_t> bytes{0};
-  /// The stream the memory is used on (owner thread only; queue::device unless the reserve named
+  /// The stream the memory is used on (owner thread only; streams::device unless the reserve named
   /// another).
-  queue_id stream = queue::device;
-  /// Whether `record_stream` named more streams (kept by the manager; owner thread only).
-  bool more_streams = false;
+  stream_id stream = streams::device;
+  /// On devices with streams: the registration of that stream, and those `record_stream` added
+  /// (stream_order.hpp). The owner writes them before the handle is handed out or while a message
+  /// holds a reference; the thread whose drop frees the memory reads them, to record the
+  /// free-time fences of native streams before it hands the descriptor to the release queue.
+  stream_state* stream_reg = nullptr;
+  stream_list* more_streams = nullptr;
+  /// Kept live by stream_order until the fences of its streams pass (owner thread only): a drop
+  /// while held (after a capture pinned it again) does not hold it twice.
+  bool held = false;
 
   /// Publishes where the memory lives (owner thread).
   void place(void* ptr, std::uint64_t size) noexcept {
@@ -102,6 +116,10 @@ struct descriptor {
   /// Drops one reference of the given kind (`one_handle | one_ref` or `one_ref`). Thread-safe.
   void release(std::uint64_t delta) noexcept;
 };
+
+/// Records the free-time fences of the native streams `d` was used on (stream_order.cpp); called
+/// by the thread whose drop frees the memory, before the descriptor goes to the release queue.
+void record_free_fences(const descriptor* d) noexcept;
 
 /// A process-unique id; never 0. Threads take ids in blocks, so ids are unique but not ordered
 /// across threads.

@@ -38,6 +38,10 @@ struct manager_options {
   persistent_policy policy = persistent_policy::enabled;
   /// Initial mode; by default `persistent` under the `enforced` policy and `automatic` otherwise.
   std::optional<allocation_mode> mode;
+  /// On out-of-memory, `reserve` reclaims once (waits for the streams' fences, a counted wait
+  /// under memory pressure, then an explicit cleanup) and retries once before it fails. The
+  /// runtime's devices do; a bare manager reports the first refusal.
+  bool reclaim_on_out_of_memory = false;
 };
 
 /// What `configure` did.
@@ -45,6 +49,10 @@ struct configure_outcome {
   bool applied = false;
   std::uint64_t live_bytes = 0;        ///< bytes still live in the dynamic pools when kept
   std::uint64_t live_allocations = 0;  ///< allocations still live in the dynamic pools when kept
+  /// Kept because memory freed from the dynamic pools is still used by streams' queued work (its
+  /// fences have not passed): nothing is live, and the layout can change as soon as they pass.
+  bool pending = false;
+  std::uint64_t pending_bytes = 0;  ///< bytes of that memory (held slices and tagged free memory)
 };
 
 /// One dynamic pool of the current layout.
@@ -75,20 +83,21 @@ class memory_manager {
   /// `q` is the stream the memory is used on (see stream.hpp): memory freed on it may be handed
   /// out again at once; memory freed on other streams only once their fences have passed. On
   /// devices without queues it is only remembered.
-  result<memory_handle> reserve(std::uint64_t size, queue_id q = queue::device);
+  result<memory_handle> reserve(std::uint64_t size, stream_id q = streams::device);
   /// The same, placing the memory straight into `handle` (a fresh identity from
   /// `memory_handle::make()`), as `reserve` then `bind` would, without a second descriptor.
   /// Errors: those of reserve, invalid_argument (empty handle), already_bound (it has memory).
-  result<void> reserve_into(std::uint64_t size, const memory_handle& handle, queue_id q = queue::device);
+  result<void> reserve_into(std::uint64_t size, const memory_handle& handle, stream_id q = streams::device);
 
   /// Marks the memory of `h` as used on stream `q` as well: when it is freed, it is reused (by any
-  /// stream) or returned only after the work queued on `q` and on its own stream. Errors:
-  /// not_found, device_error.
-  result<void> record_stream(const memory_binding& b, queue_id q);
-  /// The stream is about to be destroyed: frees on it are fenced now and nothing is recorded on
-  /// it afterwards. Call it once the stream's work on devrt memory is queued and its handles are
-  /// dropped. Errors: device_error.
-  result<void> retire_stream(queue_id q);
+  /// stream) or returned only after the work queued on `q` and on its own stream by then. `q` may
+  /// be a stream of another device (a kernel there uses this memory through peer access). Errors:
+  /// not_found, invalid_argument (`q` is not a stream the device knows), device_error.
+  result<void> record_stream(const memory_binding& b, stream_id q);
+  /// The stream is about to be destroyed. Optional: frees are fenced when they happen, so a
+  /// stream may be destroyed with work queued once its memory is freed. Retiring fences its last
+  /// frees at once and forgets the stream as soon as its memory is back. Errors: device_error.
+  result<void> retire_stream(stream_id q);
   /// End of a batch of requests: processes frees, fences the streams freed on, frees what the
   /// device has passed, and pushes queued deallocations to the device. Never waits for the device.
   result<void> end_batch();
@@ -121,16 +130,24 @@ class memory_manager {
                                 std::optional<std::uint64_t> offset_end = {});
 
   /// Periodic (explicit = false) or full (explicit = true) return of unused pages. An explicit
-  /// cleanup also flushes queued deallocations. Nothing is freed while a capture is open.
+  /// cleanup also flushes queued deallocations, and never waits for the device: memory freed on
+  /// streams whose work is still queued goes back as soon as their fences pass (`cleanup_owed`
+  /// until then, which `end_batch` completes). Nothing is freed while a capture is open.
   result<void> cleanup(bool explicit_cleanup);
+  /// An explicit cleanup left memory behind fences that have not passed yet.
+  [[nodiscard]] bool cleanup_owed() const noexcept { return cleanup_owed_; }
   /// Pushes queued deallocations to the device.
   result<void> flush();
-  /// An explicit cleanup after an out-of-memory error, counted as a reclaim, before one retry.
+  /// After an out-of-memory error, before one retry (counted as a reclaim): waits for the streams'
+  /// fences (memory pressure: a counted wait), then an explicit cleanup.
   result<void> reclaim();
 
-  /// Replaces the dynamic pools by those of `layout` if none of their slices is live (after an
-  /// explicit cleanup). The persistent pool, the mode and the policy are kept. Errors: any layout
-  /// validation error, capture_active.
+  /// Replaces the dynamic pools by those of `layout` if none of their slices is live and no memory
+  /// freed from them is still used by queued work (after an explicit cleanup, which does not
+  /// wait): otherwise the outcome says what is live or pending and nothing changes. The persistent
+  /// pool, the mode and the policy are kept. A failed call changes nothing. Errors: any layout
+  /// validation error, capture_active, device_error (queued deallocations could not be flushed;
+  /// the old layout stays).
   result<configure_outcome> configure(const memory_layout& layout);
 
   /// Opens a capture window: every reserve is served by the persistent pool, and the slices the
@@ -180,16 +197,23 @@ class memory_manager {
   result<slice_view> find(const detail::descriptor* d) const;
   result<resource> resolve(const detail::descriptor* d, std::optional<std::uint64_t> offset_start,
                            std::optional<std::uint64_t> offset_end);
-  result<detail::descriptor*> reserve_raw(std::uint64_t size, queue_id q);
+  result<detail::descriptor*> reserve_raw(std::uint64_t size, stream_id q);
+  result<detail::descriptor*> reserve_attempt(std::uint64_t size, stream_id q);
   result<detail::descriptor*> reserve_persistent(std::uint64_t size);
   result<detail::descriptor*> reserve_on(std::uint64_t size);
   void release_one(detail::descriptor* d);
   /// Gives a slice back to its pool (the last step of a free).
-  void release_to_pool(detail::descriptor* d, queue_id tag);
-  /// Frees what the fences that passed allow: held slices, and tagged arena slices.
+  void release_to_pool(detail::descriptor* d, stream_id tag);
+  /// Frees what the fences that passed allow: held slices, and tagged arena slices; forgets the
+  /// streams that are idle; and completes an owed cleanup.
   void harvest();
-  /// Publishes a new handle's address and stream.
-  void publish(detail::descriptor* d, std::uint64_t size, queue_id q);
+  /// Publishes a new handle's address and stream (its registration with the reference the reserve
+  /// took for it).
+  void publish(detail::descriptor* d, std::uint64_t size, stream_id q, stream_state* reg);
+  /// The descriptor's memory goes back to its pool: its streams lose a reference.
+  void release_streams(detail::descriptor* d);
+  /// Bytes freed from the dynamic pools still waiting for fences.
+  std::uint64_t pending_dynamic_bytes() const noexcept;
   memory_usage dynamic_usage() const noexcept;
   std::vector<pool_config> layout_to_configs() const;
 
@@ -207,8 +231,7 @@ class memory_manager {
   allocation_mode mode_ = allocation_mode::automatic;
   std::optional<capture_state> capture_;
   std::uint64_t reserve_count_ = 0;
-  /// Streams `record_stream` added to live allocations (descriptors with `more_streams`).
-  std::unordered_map<const detail::descriptor*, stream_set> more_streams_;
+  bool cleanup_owed_ = false;
 };
 
 }  // namespace devrt::memory

@@ -24,9 +24,10 @@ struct pool_context {
   std::uint64_t detached_in_flight = 0;
   /// Stream order of the device (fences and their epochs); see stream_order.hpp.
   class stream_order* order = nullptr;
-  /// The stream of the reserve being served when its pool may hand it memory freed on that
-  /// stream whose fence has not passed (queue::none: only memory free for every stream).
-  queue_id reserve_queue = queue::none;
+  /// The registration (its serial, stream_order.hpp) of the reserve being served when its pool may
+  /// hand it memory freed on that stream whose fence has not passed (0: only memory free for every
+  /// stream).
+  std::uint64_t reserve_tag = 0;
   /// The caller's descriptor that the next slice placed gets instead of a fresh one (see
   /// memory_manager::reserve_into); consumed by attach_new.
   detail::descriptor* into = nullptr;

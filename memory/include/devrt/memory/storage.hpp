@@ -80,40 +80,87 @@ concept storage_backend = requires(S& s, const S& cs, std::uint64_t n, storage_i
   { cs.name() } -> std::convertible_to<std::string>;
 };
 
-/// A point in a queue's work (a CUDA event recorded on a stream), handed out by a queued backend:
-/// it has *passed* once the device has done every piece of work queued before it. 0 names a point
-/// that has passed already (devices without queues hand out nothing else).
-using ticket = std::uint64_t;
+/// An event recorded on a stream (a pooled CUDA event), handed out by a backend with streams: it
+/// has *passed* once the device has done every piece of work queued on the stream before it. 0
+/// names an event that has passed already (devices without streams hand out nothing else).
+using event = std::uint64_t;
 
-/// Optional capabilities of a backend whose device has work queues (CUDA streams). Backends
-/// without them get the defaults of `storage`: no queue, nothing to capture, every ticket passed.
+/// What the device says of a native stream: who it is and on which device it runs.
+struct stream_identity {
+  /// The device's id of the stream (cudaStreamGetId): unique among the streams of the process for
+  /// as long as the process runs, so a handle the driver gives to a new stream after destroying
+  /// an old one has another id.
+  std::uint64_t uid = 0;
+  /// The index of the device the stream belongs to (CUDA's numbering).
+  int device = 0;
+  /// Whether that is another device than the storage's: its work may use the memory (peer
+  /// access), but the memory cannot be reserved for it.
+  bool foreign = false;
+};
+
+/// Free-time fences of one native stream. Memory freed on a stream a user created may be reused
+/// by other streams only after the work queued on that stream before the free: so the point the
+/// stream has reached is recorded at the free itself, by the thread that frees, while the stream
+/// is known to exist (as cudaFreeAsync and PyTorch's record_stream do). Every record moves one
+/// event forward; the owner takes it when it wants a fence, and a fresh event takes its place.
 ///
-/// - `mark(q)`: a ticket behind the work queued on `q` so far (a pooled event; never blocks).
-/// - `passed(t)`: whether the device has passed `t`, without blocking; once true, the ticket's
-///   completion work is done (a staged read copied out) and the ticket is gone.
-/// - `wait(t)`: blocks until `t` has passed (for memory pressure and for callers that wait).
-/// - `join(q, t)`: later work on `q` waits for `t` (cudaStreamWaitEvent); never blocks the host.
-///   The ticket is consumed.
-/// - `use_queue(q)`, `retire_queue(q)`: the streams that use the device's memory; memory goes
-///   back to the driver only after the work queued on every one of them.
-/// - `write_on(h, src, q)`: copies `h.size` bytes from `src` into the view, ordered on `q`; the
+/// Threading: `record` from any thread, concurrently; `take` and destruction on the owner's
+/// thread only.
+class free_fence {
+ public:
+  virtual ~free_fence() = default;
+  /// A free of memory used on the stream: the event now stands behind the work queued on the
+  /// stream so far. Never blocks; a failure (the stream was destroyed) is kept for `take`.
+  virtual void record() noexcept = 0;
+  /// The event of the newest record since the last take, as an event of the storage's (query it
+  /// with `storage::query_event`); 0 when nothing was recorded since. Error: device_error when a
+  /// record failed since the last take (the frees it was for are not fenced).
+  virtual result<event> take() = 0;
+};
+
+/// Optional capabilities of a backend whose device has streams (CUDA). Backends without them get
+/// the defaults of `storage`: no stream, nothing to capture, every event passed.
+///
+/// - `record_event(s)`: an event behind the work queued on `s` so far (a pooled event; never
+///   blocks). Only for streams that live as long as the device (its own, the legacy and the
+///   per-thread default stream) or that the caller knows alive.
+/// - `query_event(e)`: whether the device has passed `e`, without blocking; once true, the event's
+///   completion work is done (a staged read copied out) and the event is gone.
+/// - `wait_event(e)`: blocks until `e` has passed (memory pressure, teardown).
+/// - `stream_wait_event(s, e)`: later work on `s` waits for `e` (cudaStreamWaitEvent); never
+///   blocks the host. The event stays the caller's.
+/// - `release_event(e)`: the caller no longer needs `e` (whether it passed or not).
+/// - `identify(s)`: who a native stream is (see stream_identity). Errors: invalid_argument (not a
+///   stream, or destroyed), device_error.
+/// - `make_free_fence(s, id)`: the free-time fences of native stream `s` (see free_fence); for a
+///   stream of another device, with events of that device.
+/// - `synchronize_device()`: blocks until every stream of the device has done the work queued so
+///   far, streams already destroyed included (memory pressure when a fence could not be recorded,
+///   teardown).
+/// - `return_after(s)`: memory given back to the driver (unmaps, page frees) waits for the work
+///   queued on `s` too, besides the device's own stream (the legacy stream, once frees on it are
+///   reused without fences).
+/// - `write_on(h, src, s)`: copies `h.size` bytes from `src` into the view, ordered on `s`; the
 ///   caller may reuse `src` when it returns (the bytes are staged in pinned host memory).
-/// - `read_async(h, dst, q)`: copies the view into `dst` in order on `q`; `dst` holds the bytes
-///   once the returned ticket has passed (`dst` must stay valid until then).
+/// - `read_async(h, dst, s)`: copies the view into `dst` in order on `s`; `dst` holds the bytes
+///   once the returned event has passed (`dst` must stay valid until then).
 template <class S>
-concept queued_backend = requires(S& s, queue_id q, ticket t, const storage_handle& h) {
-  { s.native_queue() } -> std::same_as<void*>;
+concept queued_backend = requires(S& s, stream_id q, event t, const storage_handle& h, const stream_identity& id) {
+  { s.native_stream() } -> std::same_as<void*>;
   { s.begin_capture() } -> std::same_as<result<void>>;
   { s.end_capture() } -> std::same_as<result<std::shared_ptr<recorded_work>>>;
   { s.synchronize() } -> std::same_as<result<void>>;
-  { s.mark(q) } -> std::same_as<result<ticket>>;
-  { s.passed(t) } -> std::same_as<result<bool>>;
-  { s.wait(t) } -> std::same_as<result<void>>;
-  { s.join(q, t) } -> std::same_as<result<void>>;
-  { s.use_queue(q) } -> std::same_as<void>;
-  { s.retire_queue(q) } -> std::same_as<void>;
+  { s.record_event(q) } -> std::same_as<result<event>>;
+  { s.query_event(t) } -> std::same_as<result<bool>>;
+  { s.wait_event(t) } -> std::same_as<result<void>>;
+  { s.stream_wait_event(q, t) } -> std::same_as<result<void>>;
+  { s.release_event(t) } -> std::same_as<void>;
+  { s.identify(q) } -> std::same_as<result<stream_identity>>;
+  { s.make_free_fence(q, id) } -> std::same_as<result<std::unique_ptr<free_fence>>>;
+  { s.synchronize_device() } -> std::same_as<result<void>>;
+  { s.return_after(q) } -> std::same_as<void>;
   { s.write_on(h, static_cast<const void*>(nullptr), q) } -> std::same_as<result<void>>;
-  { s.read_async(h, static_cast<void*>(nullptr), q) } -> std::same_as<result<ticket>>;
+  { s.read_async(h, static_cast<void*>(nullptr), q) } -> std::same_as<result<event>>;
 };
 
 /// Optional capability of a backend that separates addresses from memory (CUDA's virtual memory
@@ -176,7 +223,7 @@ class storage {
   [[nodiscard]] std::string name() const { return impl_->name(); }
 
   /// The device's work queue (a cudaStream_t on CUDA devices); nullptr when it has none.
-  [[nodiscard]] void* native_queue() { return impl_->native_queue(); }
+  [[nodiscard]] void* native_stream() { return impl_->native_stream(); }
   /// Starts recording the work enqueued on the device's queue (no-op without a queue).
   result<void> begin_capture() { return impl_->begin_capture(); }
   /// Stops recording; nullptr when the device records nothing.
@@ -184,19 +231,28 @@ class storage {
   /// Waits for the device's queue to drain.
   result<void> synchronize() { return impl_->synchronize(); }
 
-  /// Whether the device has work queues (see `queued_backend`); without them every ticket has
+  /// Whether the device has work queues (see `queued_backend`); without them every event has
   /// passed when it is handed out and streams mean nothing.
   [[nodiscard]] bool ordered() const noexcept { return ordered_; }
-  result<ticket> mark(queue_id q) { return impl_->mark(q); }
-  result<bool> passed(ticket t) { return t == 0 ? result<bool>(true) : impl_->passed(t); }
-  result<void> wait(ticket t) { return t == 0 ? result<void>() : impl_->wait(t); }
-  result<void> join(queue_id q, ticket t) { return t == 0 ? result<void>() : impl_->join(q, t); }
-  void use_queue(queue_id q) { impl_->use_queue(q); }
-  void retire_queue(queue_id q) { impl_->retire_queue(q); }
+  result<event> record_event(stream_id s) { return impl_->record_event(s); }
+  result<bool> query_event(event e) { return e == 0 ? result<bool>(true) : impl_->query_event(e); }
+  result<void> wait_event(event e) { return e == 0 ? result<void>() : impl_->wait_event(e); }
+  result<void> stream_wait_event(stream_id s, event e) {
+    return e == 0 ? result<void>() : impl_->stream_wait_event(s, e);
+  }
+  void release_event(event e) {
+    if (e != 0) impl_->release_event(e);
+  }
+  result<stream_identity> identify(stream_id s) { return impl_->identify(s); }
+  result<std::unique_ptr<free_fence>> make_free_fence(stream_id s, const stream_identity& id) {
+    return impl_->make_free_fence(s, id);
+  }
+  result<void> synchronize_device() { return impl_->synchronize_device(); }
+  void return_after(stream_id s) { impl_->return_after(s); }
   /// `write`, ordered on `q` (the same as `write` on devices without queues).
-  result<void> write_on(const storage_handle& h, const void* src, queue_id q) { return impl_->write_on(h, src, q); }
-  /// `read`, ordered on `q`, without waiting: `dst` holds the bytes once the ticket has passed.
-  result<ticket> read_async(const storage_handle& h, void* dst, queue_id q) { return impl_->read_async(h, dst, q); }
+  result<void> write_on(const storage_handle& h, const void* src, stream_id q) { return impl_->write_on(h, src, q); }
+  /// `read`, ordered on `q`, without waiting: `dst` holds the bytes once the event has passed.
+  result<event> read_async(const storage_handle& h, void* dst, stream_id q) { return impl_->read_async(h, dst, q); }
 
   /// Address ranges and mapping (see `mapping_backend`). Backends without the capability report
   /// `map_granularity` 0, and these calls fail with `unsupported`.
@@ -232,19 +288,22 @@ class storage {
     [[nodiscard]] virtual std::uint64_t returning() const = 0;
     [[nodiscard]] virtual std::size_t unmaps_in_flight() const = 0;
     [[nodiscard]] virtual std::string name() const = 0;
-    virtual void* native_queue() = 0;
+    virtual void* native_stream() = 0;
     virtual result<void> begin_capture() = 0;
     virtual result<std::shared_ptr<recorded_work>> end_capture() = 0;
     virtual result<void> synchronize() = 0;
     [[nodiscard]] virtual bool ordered() const = 0;
-    virtual result<ticket> mark(queue_id q) = 0;
-    virtual result<bool> passed(ticket t) = 0;
-    virtual result<void> wait(ticket t) = 0;
-    virtual result<void> join(queue_id q, ticket t) = 0;
-    virtual void use_queue(queue_id q) = 0;
-    virtual void retire_queue(queue_id q) = 0;
-    virtual result<void> write_on(const storage_handle& h, const void* src, queue_id q) = 0;
-    virtual result<ticket> read_async(const storage_handle& h, void* dst, queue_id q) = 0;
+    virtual result<event> record_event(stream_id s) = 0;
+    virtual result<bool> query_event(event e) = 0;
+    virtual result<void> wait_event(event e) = 0;
+    virtual result<void> stream_wait_event(stream_id s, event e) = 0;
+    virtual void release_event(event e) = 0;
+    virtual result<stream_identity> identify(stream_id s) = 0;
+    virtual result<std::unique_ptr<free_fence>> make_free_fence(stream_id s, const stream_identity& id) = 0;
+    virtual result<void> synchronize_device() = 0;
+    virtual void return_after(stream_id s) = 0;
+    virtual result<void> write_on(const storage_handle& h, const void* src, stream_id q) = 0;
+    virtual result<event> read_async(const storage_handle& h, void* dst, stream_id q) = 0;
     virtual result<storage_handle> reserve_range(std::uint64_t size, std::uint64_t unit) = 0;
     virtual result<void> map(storage_id range, std::uint64_t offset, std::uint64_t size) = 0;
     virtual void unmap(storage_id range, std::uint64_t offset, std::uint64_t size) = 0;
@@ -284,8 +343,8 @@ class storage {
       }
     }
     [[nodiscard]] std::string name() const override { return backend->name(); }
-    void* native_queue() override {
-      if constexpr (queued_backend<S>) return backend->native_queue();
+    void* native_stream() override {
+      if constexpr (queued_backend<S>) return backend->native_stream();
       return nullptr;
     }
     result<void> begin_capture() override {
@@ -309,38 +368,50 @@ class storage {
         return true;
       }
     }
-    result<ticket> mark(queue_id q) override {
-      if constexpr (queued_backend<S>) return backend->mark(q);
-      return ticket{0};
+    result<event> record_event(stream_id s) override {
+      if constexpr (queued_backend<S>) return backend->record_event(s);
+      return event{0};
     }
-    result<bool> passed(ticket t) override {
-      if constexpr (queued_backend<S>) return backend->passed(t);
+    result<bool> query_event(event e) override {
+      if constexpr (queued_backend<S>) return backend->query_event(e);
       return true;
     }
-    result<void> wait(ticket t) override {
-      if constexpr (queued_backend<S>) return backend->wait(t);
+    result<void> wait_event(event e) override {
+      if constexpr (queued_backend<S>) return backend->wait_event(e);
       return {};
     }
-    result<void> join(queue_id q, ticket t) override {
-      if constexpr (queued_backend<S>) return backend->join(q, t);
+    result<void> stream_wait_event(stream_id s, event e) override {
+      if constexpr (queued_backend<S>) return backend->stream_wait_event(s, e);
       return {};
     }
-    void use_queue(queue_id q) override {
-      if constexpr (queued_backend<S>) backend->use_queue(q);
+    void release_event(event e) override {
+      if constexpr (queued_backend<S>) backend->release_event(e);
     }
-    void retire_queue(queue_id q) override {
-      if constexpr (queued_backend<S>) backend->retire_queue(q);
+    result<stream_identity> identify(stream_id s) override {
+      if constexpr (queued_backend<S>) return backend->identify(s);
+      return stream_identity{s, 0};
     }
-    result<void> write_on(const storage_handle& h, const void* src, queue_id q) override {
+    result<std::unique_ptr<free_fence>> make_free_fence(stream_id s, const stream_identity& id) override {
+      if constexpr (queued_backend<S>) return backend->make_free_fence(s, id);
+      return std::unique_ptr<free_fence>();
+    }
+    result<void> synchronize_device() override {
+      if constexpr (queued_backend<S>) return backend->synchronize_device();
+      return {};
+    }
+    void return_after(stream_id s) override {
+      if constexpr (queued_backend<S>) backend->return_after(s);
+    }
+    result<void> write_on(const storage_handle& h, const void* src, stream_id q) override {
       if constexpr (queued_backend<S>) return backend->write_on(h, src, q);
       return backend->write(h, src);
     }
-    result<ticket> read_async(const storage_handle& h, void* dst, queue_id q) override {
+    result<event> read_async(const storage_handle& h, void* dst, stream_id q) override {
       if constexpr (queued_backend<S>) {
         return backend->read_async(h, dst, q);
       } else {
         if (auto r = backend->read(h, dst); !r) return std::move(r).err();
-        return ticket{0};
+        return event{0};
       }
     }
     result<storage_handle> reserve_range(std::uint64_t size, std::uint64_t unit) override {

@@ -44,18 +44,21 @@ struct memory_statistics {
   std::uint64_t peak_bytes_reserved = 0;
   std::uint64_t bytes_in_use = 0;
   std::uint64_t peak_bytes_in_use = 0;
-  std::uint64_t reserves = 0;         ///< successful reserves
-  std::uint64_t driver_allocs = 0;    ///< pages allocated from the storage
-  std::uint64_t driver_frees = 0;     ///< pages returned to the storage
-  std::uint64_t maps = 0;             ///< memory mapped into address ranges (calls)
-  std::uint64_t unmaps = 0;           ///< memory unmapped from address ranges (calls)
-  std::uint64_t failed_reserves = 0;  ///< reserves that returned an error
-  std::uint64_t out_of_memory = 0;    ///< storage allocations refused by the device
-  std::uint64_t cleanups = 0;         ///< explicit cleanups run
-  std::uint64_t reclaims = 0;         ///< cleanups forced by an out-of-memory before a retry
-  std::uint64_t stream_waits = 0;     ///< times the device waited for streams' fences (memory pressure)
-  std::uint64_t fences = 0;           ///< fences recorded on streams (one per stream per batch of frees)
-  std::uint64_t streams = 0;          ///< streams using the device's memory
+  std::uint64_t reserves = 0;                ///< successful reserves
+  std::uint64_t driver_allocs = 0;           ///< pages allocated from the storage
+  std::uint64_t driver_frees = 0;            ///< pages returned to the storage
+  std::uint64_t maps = 0;                    ///< memory mapped into address ranges (calls)
+  std::uint64_t unmaps = 0;                  ///< memory unmapped from address ranges (calls)
+  std::uint64_t failed_reserves = 0;         ///< reserves that returned an error
+  std::uint64_t out_of_memory = 0;           ///< storage allocations refused by the device
+  std::uint64_t cleanups = 0;                ///< explicit cleanups run
+  std::uint64_t reclaims = 0;                ///< cleanups forced by an out-of-memory before a retry
+  std::uint64_t stream_waits = 0;            ///< times the device waited for streams' fences (memory pressure)
+  std::uint64_t fences = 0;                  ///< fences recorded on streams (one per stream per batch of frees)
+  std::uint64_t streams = 0;                 ///< streams whose memory devrt tracks now (registrations alive)
+  std::uint64_t stream_registrations = 0;    ///< streams registered so far (a reused handle counts anew)
+  std::uint64_t broken_streams = 0;          ///< registrations whose fence could not be recorded or queried
+  std::uint64_t bytes_held_for_streams = 0;  ///< freed bytes kept until their streams' fences pass
 
   [[nodiscard]] std::string to_string() const;
 };

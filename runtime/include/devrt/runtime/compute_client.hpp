@@ -103,9 +103,9 @@ class device_graph {
           p.clear();
           return;
         }
-        auto t = core->manager().backing_storage().mark(memory::queue::device);
+        auto t = core->manager().backing_storage().record_event(memory::streams::device);
         if (!t) (void)w->wait();  // no event to wait on (the device failed): fall back to waiting
-        core->park(t ? *t : memory::ticket{0},
+        core->park(t ? *t : memory::event{0},
                    message([p = std::move(p), w = std::move(w)](actor_core*, const error*) mutable {
                      w.reset();
                      p.clear();
@@ -200,7 +200,7 @@ class compute_client {
   }
 
   /// Like `async_run`, for bodies that complete later: `body(actor_core&, finish)` calls
-  /// `finish(result<R>)` exactly once, on the strand, now or from work parked on a ticket.
+  /// `finish(result<R>)` exactly once, on the strand, now or from work parked on an event.
   template <class R, class Token, class Body>
   auto async_run_raw(Body&& body, Token&& token) const {
     (void)require();
@@ -262,14 +262,14 @@ class compute_client {
         token, actor_, std::move(e));
   }
 
-  /// Runs `body(actor_core&) -> result<pair<ticket, V>>` on the strand and completes the token
-  /// with the V once the device has passed the ticket (R is V, or void with V = detail::nothing).
+  /// Runs `body(actor_core&) -> result<pair<event, V>>` on the strand and completes the token
+  /// with the V once the device has passed the event (R is V, or void with V = detail::nothing).
   template <class R, class Token, class Body>
   auto async_device(Body&& body, Token&& token) const {
     using V = std::conditional_t<std::is_void_v<R>, detail::nothing, R>;
     return async_run_raw<R>(
         [b = std::forward<Body>(body)](actor_core& c, auto finish) mutable {
-          result<std::pair<memory::ticket, V>> r = detail::invoke_body<std::pair<memory::ticket, V>>(b, c);
+          result<std::pair<memory::event, V>> r = detail::invoke_body<std::pair<memory::event, V>>(b, c);
           if (!r) {
             finish(result<R>(std::move(r).err()));
             return;
@@ -318,17 +318,24 @@ class compute_client {
 
   /// Marks the memory as used on stream `s` too (as PyTorch's `record_stream`): when its last
   /// handle is dropped, no other allocation gets it, and it does not go back to the driver, before
-  /// the work queued on `s` by then is done. Ordered before a drop that follows it in this thread.
-  void record_stream(const memory_handle& h, memory::stream s) const { record_stream(h.binding(), s); }
-  void record_stream(memory_binding b, memory::stream s) const {
-    require()->post(message([b = std::move(b), q = s.id()](actor_core* core, const error*) {
-      if (core != nullptr) (void)core->manager().record_stream(b, q);
-    }));
+  /// the work queued on `s` by then is done. `s` may be another GPU's stream (a kernel there uses
+  /// this memory through peer access). Ordered before a drop that follows it in this thread; keep
+  /// `s` alive until the memory is freed. Completes with the error if devrt cannot track `s`
+  /// (invalid_argument: not a live stream; device_error); the memory is then not marked.
+  template <class Token = default_token>
+  auto record_stream(const memory_handle& h, memory::stream s, Token&& token = {}) const {
+    return record_stream(h.binding(), s, std::forward<Token>(token));
+  }
+  template <class Token = default_token>
+  auto record_stream(memory_binding b, memory::stream s, Token&& token = {}) const {
+    return async_run<void>([b = std::move(b), q = s.id()](actor_core& c) { return c.manager().record_stream(b, q); },
+                           std::forward<Token>(token));
   }
 
-  /// Tells the device that stream `s` is about to be destroyed: frees on it are fenced now and
-  /// nothing is recorded on it afterwards. Call it after the stream's last use of devrt memory has
-  /// been queued and its handles dropped, and destroy the stream once this has completed.
+  /// Tells the device that stream `s` is about to be destroyed. Optional: memory freed on a stream
+  /// is fenced at the free, so a stream may be destroyed once its memory is freed, with work still
+  /// queued. Retiring fences its last frees at once and lets devrt forget the stream as soon as its
+  /// memory is back.
   template <class Token = default_token>
   auto retire_stream(memory::stream s, Token&& token = {}) const {
     return async_run<void>([q = s.id()](actor_core& c) { return c.manager().retire_stream(q); },
@@ -374,7 +381,7 @@ class compute_client {
   template <class Token = default_token>
   auto read(memory_binding b, Token&& token = {}) const {
     return async_device<std::vector<std::byte>>(
-        [b = std::move(b)](actor_core& c) -> result<std::pair<memory::ticket, std::vector<std::byte>>> {
+        [b = std::move(b)](actor_core& c) -> result<std::pair<memory::event, std::vector<std::byte>>> {
           auto size = c.size_of(b);
           if (!size) return std::move(size).err();
           std::vector<std::byte> out(*size);
@@ -402,7 +409,7 @@ class compute_client {
             // Kernels of `fn` run on the device's stream: memory of other streams is used there too.
             if (auto u = c.use_on_device_stream(b); !u) return std::move(u).err();
           }
-          submit_context ctx{c.info(), resources, c.manager().backing_storage().native_queue()};
+          submit_context ctx{c.info(), resources, c.manager().backing_storage().native_stream()};
           if constexpr (std::is_void_v<R>) {
             f(ctx);
             return {};
@@ -420,13 +427,17 @@ class compute_client {
   }
 
   /// Replaces the dynamic pools when none of their memory is live. The layout is validated here,
-  /// on the caller's side: an invalid layout fails at once with the validation error.
+  /// on the caller's side: an invalid layout fails at once with the validation error. Memory freed
+  /// on streams whose work is still queued is not live, but it cannot go back before its fences
+  /// pass: the operation then completes once they have (the device thread does not wait
+  /// meanwhile), applied unless something became live again.
   template <class Token = default_token>
   auto configure(const memory::memory_layout& layout, Token&& token = {}) const {
     auto resolved = memory::resolve_layout(layout, require()->info().properties);
     if (!resolved) return async_fail<memory::configure_outcome>(std::move(resolved).err(), std::forward<Token>(token));
-    return async_run<memory::configure_outcome>([layout](actor_core& c) { return c.manager().configure(layout); },
-                                                std::forward<Token>(token));
+    return async_run_raw<memory::configure_outcome>(
+        [layout](actor_core& c, auto finish) { configure_when_quiet(c, layout, std::move(finish)); },
+        std::forward<Token>(token));
   }
 
   template <class Token = default_token>
@@ -511,8 +522,8 @@ class compute_client {
   template <class Token = default_token>
   auto synchronize(memory::stream s, Token&& token = {}) const {
     return async_device<void>(
-        [q = s.id()](actor_core& c) -> result<std::pair<memory::ticket, detail::nothing>> {
-          auto t = c.manager().backing_storage().mark(q);
+        [q = s.id()](actor_core& c) -> result<std::pair<memory::event, detail::nothing>> {
+          auto t = c.manager().backing_storage().record_event(q);
           if (!t) return std::move(t).err();
           return std::make_pair(*t, detail::nothing{});
         },
@@ -525,6 +536,21 @@ class compute_client {
 
  private:
   friend class persistent_scope;
+  template <class Finish>
+  static void configure_when_quiet(actor_core& c, const memory::memory_layout& layout, Finish finish) {
+    auto r = c.manager().configure(layout);
+    if (!r || !r->pending) {
+      finish(std::move(r));
+      return;
+    }
+    c.park_until_fences(message([layout, f = std::move(finish)](actor_core* core, const error* e) mutable {
+      if (core == nullptr) {
+        f(result<memory::configure_outcome>(*e));
+        return;
+      }
+      configure_when_quiet(*core, layout, std::move(f));
+    }));
+  }
   /// The actor, or throws for a default-constructed client (which refers to no device).
   const std::shared_ptr<device_actor>& require() const {
     if (actor_ == nullptr) {

@@ -39,7 +39,7 @@ struct copy_source {
   memory::resource resource;  ///< the source bytes
   device_kind kind = device_kind::host;
   int device = 0;  ///< the source's device index
-  memory::queue_id stream = memory::queue::device;
+  memory::stream_id stream = memory::streams::device;
   std::shared_ptr<void> ready;  ///< CUDA: an event behind the source stream's work before the copy
 };
 

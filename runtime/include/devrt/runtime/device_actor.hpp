@@ -52,12 +52,12 @@ class actor_core {
   [[nodiscard]] const std::string& device_name() const noexcept { return info_.name; }
   [[nodiscard]] const device_info& info() const noexcept { return info_; }
 
-  /// Reserve with out-of-memory recovery: on out_of_memory, one reclaim (explicit cleanup and
-  /// flush) and one retry.
-  result<memory::memory_handle> reserve(std::uint64_t size, memory::queue_id q = memory::queue::device);
+  /// Reserve; on out_of_memory the manager reclaims once (waits for the streams' fences, explicit
+  /// cleanup and flush) and retries once.
+  result<memory::memory_handle> reserve(std::uint64_t size, memory::stream_id q = memory::streams::device);
   /// Reserves and binds `handle` (the second half of a client's create). A failure is kept with
   /// the handle's identity (its descriptor) so that later uses of the handle report it.
-  void create(std::uint64_t size, const memory::memory_handle& handle, memory::queue_id q = memory::queue::device);
+  void create(std::uint64_t size, const memory::memory_handle& handle, memory::stream_id q = memory::streams::device);
   /// Turns a not_found for a handle whose create failed into that failure.
   static error explain(const error& e, const memory::memory_binding& b);
 
@@ -65,13 +65,15 @@ class actor_core {
                                         std::optional<std::uint64_t> end = {});
   result<void> write(const memory::memory_binding& b, const void* src, std::uint64_t size);
   result<void> read(const memory::memory_binding& b, void* dst, std::uint64_t size);
-  /// Copies into `dst` in order on the allocation's stream; `dst` holds the bytes once the ticket
+  /// Copies into `dst` in order on the allocation's stream; `dst` holds the bytes once the event
   /// has passed.
-  result<memory::ticket> read_async(const memory::memory_binding& b, void* dst, std::uint64_t size);
+  result<memory::event> read_async(const memory::memory_binding& b, void* dst, std::uint64_t size);
   /// Work on the device's own stream is about to use `b`: records that stream for it when the
   /// allocation belongs to another.
   result<void> use_on_device_stream(const memory::memory_binding& b);
   result<std::uint64_t> size_of(const memory::memory_binding& b);
+  /// capture_active when a copy for `b` would be enqueued on the device's stream during a capture.
+  result<void> refuse_in_capture(const memory::memory_binding& b, const char* what) const;
 
   /// Opens a capture window on the manager and, on devices with a queue, stream capture.
   result<void> capture_begin();
@@ -82,22 +84,32 @@ class actor_core {
   void enter_persistent();
   void exit_persistent();
 
-  /// Runs `then` once the device has passed ticket `t` (aborted with the error if the device
+  /// Runs `then` once the device has passed event `t` (aborted with the error if the device
   /// reports one, or run at shutdown after a final wait): how reads, synchronization and graph
   /// release complete without the device thread waiting for the GPU.
-  void park(memory::ticket t, message then);
+  void park(memory::event t, message then);
+  /// Runs `then` once no fence of the device's streams is pending any more (a configure waiting for
+  /// memory freed on busy streams; `then` may park itself again).
+  void park_until_fences(message then);
+  /// Runs the messages parked until the fences passed, when they have.
+  void run_fence_waiters();
   /// Runs what the device has passed; true while work stays parked.
   bool poll_parked();
-  /// Shutdown: waits for every parked ticket and runs what was parked.
+  /// Shutdown: waits for every parked event and runs what was parked.
   void finish_parked() noexcept;
-  [[nodiscard]] bool parked() const noexcept { return !parked_.empty(); }
+  /// Whether work waits for the device (parked events, fences, or an explicit cleanup that owes
+  /// memory behind fences): the actor keeps polling then.
+  [[nodiscard]] bool parked() const noexcept {
+    return !parked_.empty() || !fence_waiters_.empty() || manager_->cleanup_owed();
+  }
 
  private:
   std::unique_ptr<memory::memory_manager> manager_;
   std::shared_ptr<spdlog::logger> log_;
   device_info info_;
   int persistent_depth_ = 0;
-  std::vector<std::pair<memory::ticket, message>> parked_;
+  std::vector<std::pair<memory::event, message>> parked_;
+  std::vector<message> fence_waiters_;
 };
 
 class device_actor : public std::enable_shared_from_this<device_actor> {
@@ -137,7 +149,7 @@ class device_actor : public std::enable_shared_from_this<device_actor> {
   void after_batch();
   /// Polls the mailbox for up to idle_spin_; true when messages were taken into batch_.
   bool spin_for_messages();
-  /// While work is parked on tickets, checks them again after a short while (backing off up to a
+  /// While work is parked on events, checks them again after a short while (backing off up to a
   /// millisecond), so their completions come without a message to wake the device thread.
   void arm_poll();
 

@@ -101,6 +101,9 @@ class runtime {
   [[nodiscard]] compute_client cuda(int index = 0) const { return client(device_kind::cuda, index); }
   /// Number of usable devices of a kind (CUDA devices count before their actors exist).
   [[nodiscard]] int count(device_kind kind) const;
+  /// Number of CUDA devices the CUDA runtime shows (their indices are 0..n-1; devices() lists those
+  /// devrt uses among them).
+  [[nodiscard]] int cuda_visible() const noexcept { return cuda_visible_; }
   /// Whether the device's actor runs (CUDA actors start on the first `client` call).
   [[nodiscard]] bool started(device_kind kind, int index = 0) const;
   [[nodiscard]] const runtime_config& config() const noexcept { return config_; }
