@@ -1,5 +1,7 @@
 #include "devrt/devices/sim_storage.hpp"
 
+#include "vmm.hpp"
+
 #include <algorithm>
 #include <iterator>
 #include <optional>
@@ -21,8 +23,91 @@ sim_options sim_options::h200() {
   return o;
 }
 
+// The simulated driver under the mapping state machine: physical memory counts against the
+// capacity (and fails on request), addresses are numbers, unmaps are seen by `on_give_back`, and
+// events are the simulated streams' own.
+class sim_storage::driver_impl final : public vmm_driver {
+ public:
+  explicit driver_impl(sim_storage& sim) : sim_(sim) {}
+  result<std::uint64_t> reserve_addresses(std::uint64_t size) override {
+    if (size > max_range_size) {
+      error e = error::make(errc::out_of_memory, "more addresses than the simulated device has");
+      e.size = size;
+      e.limit = max_range_size;
+      return e;
+    }
+    const std::uint64_t base = sim_.next_base_;
+    sim_.next_base_ += size + std::max<std::uint64_t>(sim_.opts_.props.map_granularity, 1);
+    return base;
+  }
+  void free_addresses(std::uint64_t base, std::uint64_t /*size*/) noexcept override {
+    sim_.range_at_.erase(base);
+    ++sim_.frees_;
+  }
+  result<std::uint64_t> create(std::uint64_t size) override {
+    if (auto a = sim_.admit(size); !a) return std::move(a).err();
+    sim_.charge(size);
+    return ++handles_;
+  }
+  void release(std::uint64_t /*handle*/, std::uint64_t size) noexcept override {
+    sim_.allocated_ -= size;
+    ++sim_.frees_;
+  }
+  result<void> map(std::uint64_t /*at*/, std::uint64_t size, std::uint64_t /*handle*/) override {
+    if (sim_.fail_map_) {
+      sim_.fail_map_ = false;
+      error e = error::make(errc::device_error, "injected map failure");
+      e.size = size;
+      return e;
+    }
+    return {};
+  }
+  void unmap(std::uint64_t at, std::uint64_t size) noexcept override {
+    if (!sim_.on_give_back) return;
+    auto it = sim_.range_at_.upper_bound(at);
+    if (it == sim_.range_at_.begin()) return;
+    --it;
+    sim_.on_give_back(given_back{it->second, at - it->first, size});
+  }
+  [[nodiscard]] bool deferred() const noexcept override { return sim_.opts_.streams && sim_.opts_.deferred_unmaps; }
+  [[nodiscard]] bool capturing() const noexcept override { return sim_.capturing_; }
+  result<memory::event> behind_device() override { return sim_.behind_device(); }
+  result<bool> query(memory::event e) override { return sim_.query_event(e); }
+  result<void> wait(memory::event e) override { return sim_.wait_event(e); }
+  void release_event(memory::event /*e*/) noexcept override {}
+
+ private:
+  sim_storage& sim_;
+  std::uint64_t handles_ = 0;
+};
+
 sim_storage::sim_storage(sim_options opts) : opts_(std::move(opts)) {
   if (opts_.props.alignment == 0) opts_.props.alignment = 1;
+  driver_ = std::make_unique<driver_impl>(*this);
+  vmm_ = std::make_unique<vmm>(*driver_, std::max<std::uint64_t>(opts_.props.map_granularity, 1));
+}
+
+sim_storage::~sim_storage() { vmm_->teardown(); }
+
+std::size_t sim_storage::unmaps_in_flight() const noexcept { return vmm_->unmaps_in_flight(); }
+std::size_t sim_storage::pending_deallocations() const noexcept {
+  return pending_.size() + freeing_.size() + vmm_->pending();
+}
+std::uint64_t sim_storage::mapped_bytes() const noexcept { return vmm_->mapped_bytes(); }
+std::size_t sim_storage::range_count() const noexcept { return vmm_->range_count(); }
+std::uint64_t sim_storage::misuses() const noexcept { return misuses_ + vmm_->misuses(); }
+std::size_t sim_storage::kept_allocations() const noexcept { return vmm_->kept_allocations(); }
+std::uint64_t sim_storage::reused_allocations() const noexcept { return vmm_->reused_allocations(); }
+
+result<memory::event> sim_storage::behind_device() {
+  {
+    const std::lock_guard lock(mutex_);
+    if (unpassed_.empty()) return memory::event{0};
+  }
+  for (const memory::stream_id s : return_after_) {
+    if (auto t = record_event(s); t) (void)stream_wait_event(memory::streams::device, *t);
+  }
+  return record_event(memory::streams::device);
 }
 
 result<void> sim_storage::admit(std::uint64_t size) {
@@ -60,57 +145,23 @@ result<memory::storage_handle> sim_storage::alloc(std::uint64_t size) {
 void sim_storage::dealloc(memory::storage_id id) { pending_.push_back(id); }
 
 std::uint64_t sim_storage::returning_bytes() const noexcept {
-  std::uint64_t n = 0;
-  auto held_by = [&](memory::storage_id id) -> std::uint64_t {
-    if (auto it = pages_.find(id); it != pages_.end()) return it->second;
-    if (auto r = ranges_.find(id); r != ranges_.end()) {
-      std::uint64_t m = 0;
-      for (const auto& [first, length] : r->second.mappings) m += length * r->second.unit;
-      return m;
-    }
-    return 0;
-  };
-  for (const memory::storage_id id : pending_) n += held_by(id);
-  for (const auto& f : freeing_) n += held_by(f.id);
-  for (const unmapping& u : unmapping_) n += u.bytes;
+  std::uint64_t n = vmm_->returning_bytes();
+  for (const memory::storage_id id : pending_) {
+    if (auto it = pages_.find(id); it != pages_.end()) n += it->second;
+  }
+  for (const auto& f : freeing_) {
+    if (auto it = pages_.find(f.id); it != pages_.end()) n += it->second;
+  }
   return n;
 }
 
 void sim_storage::free_now(memory::storage_id id) {
-  if (auto r = ranges_.find(id); r != ranges_.end()) {
-    for (const auto& [first, length] : r->second.mappings) {
-      mapped_ -= length * r->second.unit;
-      allocated_ -= length * r->second.unit;
-      if (on_give_back) on_give_back(given_back{id, first * r->second.unit, length * r->second.unit});
-    }
-    give_back_unmaps([&](const unmapping& u) { return u.range == id; });
-    ++frees_;
-    if (last_range_ == &r->second) last_range_ = nullptr;
-    ranges_.erase(r);
-    return;
-  }
   auto it = pages_.find(id);
   if (it == pages_.end()) return;
   if (on_give_back) on_give_back(given_back{id, 0, it->second});
   allocated_ -= it->second;
   pages_.erase(it);
   ++frees_;
-}
-
-template <class Pick>
-void sim_storage::give_back_unmaps(Pick pick) {
-  std::size_t kept = 0;
-  for (std::size_t i = 0; i < unmapping_.size(); ++i) {
-    const unmapping u = unmapping_[i];
-    if (pick(u)) {
-      allocated_ -= u.bytes;
-      ++frees_;
-      if (on_give_back) on_give_back(given_back{u.range, u.first * ranges_.at(u.range).unit, u.bytes});
-    } else {
-      unmapping_[kept++] = u;
-    }
-  }
-  unmapping_.resize(kept);
 }
 
 result<void> sim_storage::flush() {
@@ -123,37 +174,22 @@ result<void> sim_storage::flush() {
   if (!opts_.streams) {
     for (const memory::storage_id id : pending_) free_now(id);
     pending_.clear();
-    return {};
+    return vmm_->flush();
   }
   // As cudaFreeAsync and deferred unmaps on a GPU: memory goes back behind the work queued on the
   // device's stream, after that stream waited for the streams returns wait for; at once when
   // nothing is left to run anywhere.
-  bool idle = false;
-  {
-    const std::lock_guard lock(mutex_);
-    idle = unpassed_.empty();
+  if (auto u = vmm_->flush(); !u) return u;
+  if (!pending_.empty()) {
+    auto behind = behind_device();
+    if (!behind) return std::move(behind).err();  // kept for the next flush
+    for (const memory::storage_id id : pending_) freeing_.push_back(freeing{id, *behind});
+    pending_.clear();
   }
-  const bool unrecorded = !pending_.empty() || std::any_of(unmapping_.begin(), unmapping_.end(),
-                                                           [](const unmapping& u) { return u.after == 0; });
-  memory::event behind = 0;
-  if (unrecorded && !idle) {
-    for (const memory::stream_id s : return_after_) {
-      if (auto t = record_event(s); t) (void)stream_wait_event(memory::streams::device, *t);
-    }
-    auto t = record_event(memory::streams::device);
-    if (!t) return std::move(t).err();  // kept for the next flush
-    behind = *t;
-  }
-  for (unmapping& u : unmapping_) {
-    if (u.after == 0) u.after = behind;
-  }
-  for (const memory::storage_id id : pending_) freeing_.push_back(freeing{id, behind});
-  pending_.clear();
-  give_back_unmaps([&](const unmapping& u) { return idle || u.after == 0 || has_passed(u.after); });
   std::size_t kept = 0;
   for (std::size_t i = 0; i < freeing_.size(); ++i) {
     const freeing f = freeing_[i];
-    if (idle || f.after == 0 || has_passed(f.after)) {
+    if (f.after == 0 || has_passed(f.after)) {
       free_now(f.id);
     } else {
       freeing_[kept++] = f;
@@ -163,28 +199,18 @@ result<void> sim_storage::flush() {
   return {};
 }
 
+result<void> sim_storage::settle() { return vmm_->settle(); }
+
 result<memory::resource> sim_storage::get(const memory::storage_handle& h) {
-  if (auto r = ranges_.find(h.id); r != ranges_.end()) {
-    if (h.offset > r->second.size || h.size > r->second.size - h.offset) {
+  if (vmm_->has_range(h.id)) {
+    const std::uint64_t size = vmm_->range_size(h.id);
+    if (h.offset > size || h.size > size - h.offset) {
       error e = error::make(errc::invalid_argument, "the view ends past its simulated address range");
       e.size = h.offset + h.size;
-      e.limit = r->second.size;
+      e.limit = size;
       return e;
     }
-    // Every unit of the view is inside a mapping: walk the mappings from the one holding its start.
-    const std::uint64_t u = r->second.unit;
-    const std::uint64_t last = h.size == 0 ? h.offset / u : (h.offset + h.size - 1) / u;
-    std::uint64_t k = h.offset / u;
-    auto it = r->second.mappings.upper_bound(k);
-    if (it == r->second.mappings.begin()) return error::make(errc::invalid_argument, "the view is not mapped");
-    --it;
-    while (k <= last) {
-      if (it == r->second.mappings.end() || it->first > k || it->first + it->second <= k) {
-        return error::make(errc::invalid_argument, "the view is not mapped");
-      }
-      k = it->first + it->second;
-      ++it;
-    }
+    if (!vmm_->covered(h.id, h.offset, h.size)) return error::make(errc::invalid_argument, "the view is not mapped");
     return memory::resource{nullptr, h.size, h};
   }
   auto it = pages_.find(h.id);
@@ -213,126 +239,23 @@ result<void> sim_storage::read(const memory::storage_handle& h, void* /*dst*/) {
 result<memory::storage_handle> sim_storage::reserve_range(std::uint64_t size, std::uint64_t unit) {
   const std::uint64_t g = opts_.props.map_granularity;
   if (g == 0) return error::make(errc::unsupported, "this simulated device has no map granularity");
-  if (unit == 0 || unit % g != 0 || size == 0 || size % unit != 0) {
-    error e = error::make(errc::invalid_argument,
-                          "an address range is a positive multiple of its unit, and the unit of the granularity");
-    e.size = size;
-    e.limit = unit;
-    return e;
-  }
-  if (size > max_range_size) {
-    error e = error::make(errc::out_of_memory, "more addresses than the simulated device has");
-    e.size = size;
-    e.limit = max_range_size;
-    return e;
-  }
   const memory::storage_id id = next_id_++;
-  ranges_.emplace(id, range{size, unit, {}});
-  return memory::storage_handle{id, 0, size};
-}
-
-result<void> sim_storage::check_granules(const range& r, std::uint64_t offset, std::uint64_t size) const {
-  const std::uint64_t u = r.unit;
-  if (size == 0 || offset % u != 0 || size % u != 0 || offset > r.size || size > r.size - offset) {
-    error e = error::make(errc::invalid_argument, "the mapping is not whole units inside the range");
-    e.size = offset + size;
-    e.limit = r.size;
-    return e;
-  }
-  return {};
+  const std::uint64_t base = next_base_;
+  auto r = vmm_->reserve_range(id, size, unit);
+  if (r) range_at_.emplace(base, id);
+  return r;
 }
 
 result<void> sim_storage::map(memory::storage_id id, std::uint64_t offset, std::uint64_t size) {
-  range* rg = find_range(id);
-  if (rg == nullptr) return error::make(errc::not_found, "the simulated address range does not exist");
-  if (auto c = check_granules(*rg, offset, size); !c) return c;
-  const std::uint64_t u = rg->unit;
-  if (!unmapping_.empty()) {
-    const std::uint64_t first = offset / u;
-    const std::uint64_t count = size / u;
-    // The same bounds again before the unmap took effect: the mapping keeps its memory.
-    for (std::size_t i = 0; i < unmapping_.size(); ++i) {
-      const unmapping& p = unmapping_[i];
-      if (p.range == id && p.first == first && p.length == count) {
-        unmapping_.erase(unmapping_.begin() + static_cast<std::ptrdiff_t>(i));
-        rg->mappings.emplace(first, count);
-        mapped_ += size;
-        return {};
-      }
-    }
-    // Other bounds over memory whose unmap is pending: the queue has to reach it first (a wait).
-    bool overlaps = false;
-    for (const unmapping& p : unmapping_) {
-      overlaps = overlaps || (p.range == id && p.first < first + count && first < p.first + p.length);
-    }
-    if (overlaps) {
-      ++waits_;
-      progress();
-      give_back_unmaps([&](const unmapping& p) { return p.range == id; });
-    }
-  }
-  {
-    // Overlap with the mapping before (it would end past the start) or after (it would start
-    // before the end).
-    const std::uint64_t first = offset / u;
-    const std::uint64_t end = (offset + size) / u;
-    auto next = rg->mappings.lower_bound(first);
-    const bool before = next != rg->mappings.begin() && std::prev(next)->first + std::prev(next)->second > first;
-    if (before || (next != rg->mappings.end() && next->first < end)) {
-      error e = error::make(errc::invalid_argument, "the memory is mapped already");
-      e.size = offset;
-      return e;
-    }
-  }
-  if (auto a = admit(size); !a) return a;
-  rg->mappings.emplace(offset / u, size / u);
-  mapped_ += size;
-  charge(size);
-  return {};
+  if (!vmm_->has_range(id)) return error::make(errc::not_found, "the simulated address range does not exist");
+  return vmm_->map(id, offset, size);
 }
 
 void sim_storage::unmap(memory::storage_id id, std::uint64_t offset, std::uint64_t size) {
-  range* rg = find_range(id);
-  if (rg == nullptr || !check_granules(*rg, offset, size)) {
-    ++misuses_;
-    return;
-  }
-  const std::uint64_t u = rg->unit;
-  auto it = rg->mappings.find(offset / u);
-  if (it == rg->mappings.end() || it->second * u != size) {
-    ++misuses_;  // not exactly what one map call mapped
-    return;
-  }
-  if (opts_.deferred_unmaps && opts_.streams) {
-    unmapping_.push_back(unmapping{id, it->first, it->second, size, 0});
-    rg->mappings.erase(it);
-    mapped_ -= size;
-    return;
-  }
-  rg->mappings.erase(it);
-  mapped_ -= size;
-  allocated_ -= size;
-  ++frees_;
-  if (on_give_back) on_give_back(given_back{id, offset, size});
+  vmm_->unmap(id, offset, size);
 }
 
-sim_storage::range* sim_storage::find_range(memory::storage_id id) {
-  // One range is the common case: remember the last one found.
-  if (id == last_range_id_ && last_range_ != nullptr) return last_range_;
-  auto it = ranges_.find(id);
-  if (it == ranges_.end()) return nullptr;
-  last_range_id_ = id;
-  last_range_ = &it->second;
-  return last_range_;
-}
-
-void sim_storage::release_range(memory::storage_id id) {
-  if (ranges_.find(id) == ranges_.end()) {
-    ++misuses_;
-    return;
-  }
-  pending_.push_back(id);
-}
+void sim_storage::release_range(memory::storage_id id) { vmm_->release_range(id); }
 
 // ---- Simulated streams ----
 

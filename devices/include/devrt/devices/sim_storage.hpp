@@ -50,9 +50,14 @@ struct sim_options {
   static sim_options h200();
 };
 
+class vmm;
+
 class sim_storage {
  public:
   explicit sim_storage(sim_options opts = {});
+  ~sim_storage();
+  sim_storage(const sim_storage&) = delete;
+  sim_storage& operator=(const sim_storage&) = delete;
 
   [[nodiscard]] std::uint64_t alignment() const noexcept { return opts_.props.alignment; }
   [[nodiscard]] memory::device_properties properties() const noexcept { return opts_.props; }
@@ -62,7 +67,7 @@ class sim_storage {
   /// Bytes of queued pages (released at the next flush).
   [[nodiscard]] std::uint64_t returning_bytes() const noexcept;
   /// Unmaps deferred behind queued work and not done yet.
-  [[nodiscard]] std::size_t unmaps_in_flight() const noexcept { return unmapping_.size(); }
+  [[nodiscard]] std::size_t unmaps_in_flight() const noexcept;
   /// Releases queued pages (with streams: behind the work queued on the device's stream, as
   /// cudaFreeAsync). Error device_error when a failure was injected; the queue is kept.
   result<void> flush();
@@ -70,9 +75,7 @@ class sim_storage {
   [[nodiscard]] result<memory::resource> get(const memory::storage_handle& h);
   result<void> write(const memory::storage_handle& h, const void* src);
   result<void> read(const memory::storage_handle& h, void* dst);
-  [[nodiscard]] std::size_t pending_deallocations() const noexcept {
-    return pending_.size() + unmapping_.size() + freeing_.size();
-  }
+  [[nodiscard]] std::size_t pending_deallocations() const noexcept;
   [[nodiscard]] std::string name() const { return opts_.name; }
 
   // ---- Address ranges (when `props.map_granularity` is not 0) ----
@@ -87,6 +90,9 @@ class sim_storage {
   /// anything else is a misuse, counted (see misuses()) and ignored.
   void unmap(memory::storage_id range, std::uint64_t offset, std::uint64_t size);
   void release_range(memory::storage_id range);
+  /// With `deferred_unmaps`: the unmaps requested so far are recorded (done at once when nothing is
+  /// left to run), their memory kept for the maps that follow until the next flush.
+  result<void> settle();
 
   // ---- Simulated streams (sim_options::streams) ----
   [[nodiscard]] bool ordered() const noexcept { return opts_.streams; }
@@ -179,11 +185,18 @@ class sim_storage {
   [[nodiscard]] std::uint64_t alloc_calls() const noexcept { return alloc_calls_; }
   [[nodiscard]] std::uint64_t allocations() const noexcept { return allocations_; }
   [[nodiscard]] std::uint64_t frees() const noexcept { return frees_; }
-  /// Bytes mapped into address ranges.
-  [[nodiscard]] std::uint64_t mapped_bytes() const noexcept { return mapped_; }
-  [[nodiscard]] std::size_t range_count() const noexcept { return ranges_.size(); }
+  /// Makes the next map fail with device_error after its physical memory was created (which is
+  /// then given back).
+  void fail_next_map() noexcept { fail_map_ = true; }
+  /// Bytes mapped into address ranges (unmaps not yet done included).
+  [[nodiscard]] std::uint64_t mapped_bytes() const noexcept;
+  [[nodiscard]] std::size_t range_count() const noexcept;
   /// Calls that broke the contract (unmapping what is not mapped, unknown ranges).
-  [[nodiscard]] std::uint64_t misuses() const noexcept { return misuses_; }
+  [[nodiscard]] std::uint64_t misuses() const noexcept;
+  /// Physical allocations kept after an unmap done at once, for the next map of their size.
+  [[nodiscard]] std::size_t kept_allocations() const noexcept;
+  /// Maps that took a kept physical allocation instead of creating one.
+  [[nodiscard]] std::uint64_t reused_allocations() const noexcept;
 
  private:
   /// Counts an allocation call (pages and mappings alike) and refuses it on an injected fault or
@@ -193,44 +206,27 @@ class sim_storage {
   void charge(std::uint64_t size) noexcept;
 
   sim_options opts_;
-  // A range: its mappings by first unit, with their lengths in units, so that an unmap is checked
-  // against exactly one earlier map. Bookkeeping grows with the mappings, not with the range.
-  struct range {
-    std::uint64_t size = 0;
-    std::uint64_t unit = 0;
-    std::map<std::uint64_t, std::uint64_t> mappings;
-  };
-  result<void> check_granules(const range& r, std::uint64_t offset, std::uint64_t size) const;
-  // An unmap that has not taken effect (deferred_unmaps): `after` 0 until a flush records it
-  // behind an event of the device's queue; the memory stays held (allocated_) until it is given back.
-  struct unmapping {
-    memory::storage_id range;
-    std::uint64_t first;   // unit
-    std::uint64_t length;  // units
-    std::uint64_t bytes;
-    memory::event after;
-  };
-  // A page or a range given back behind the device's stream (with streams): freed once `after`
-  // has passed (0: at once).
+  // A page given back behind the device's stream (with streams): freed once `after` has passed (0:
+  // at once).
   struct freeing {
     memory::storage_id id;
     memory::event after;
   };
   void free_now(memory::storage_id id);
-  // Gives back the unmappings of `id` that `pick` selects.
-  template <class Pick>
-  void give_back_unmaps(Pick pick);
-  range* find_range(memory::storage_id id);
+  class driver_impl;
+  /// An event behind the device's stream after it waited for the streams returns wait for; 0 when
+  /// nothing is left to run anywhere.
+  result<memory::event> behind_device();
 
   std::unordered_map<memory::storage_id, std::uint64_t> pages_;
-  std::unordered_map<memory::storage_id, range> ranges_;
-  std::uint64_t mapped_ = 0;
-  std::uint64_t misuses_ = 0;
-  memory::storage_id last_range_id_ = 0;
-  range* last_range_ = nullptr;  // unordered_map nodes do not move
   std::vector<memory::storage_id> pending_;
-  std::vector<unmapping> unmapping_;
   std::vector<freeing> freeing_;
+  std::unique_ptr<driver_impl> driver_;
+  std::unique_ptr<vmm> vmm_;  // address ranges and mappings (the CUDA storage's state machine)
+  std::map<std::uint64_t, memory::storage_id> range_at_;  // base address -> range
+  std::uint64_t next_base_ = std::uint64_t{1} << 40;
+  std::uint64_t misuses_ = 0;
+  bool fail_map_ = false;
   std::uint64_t allocated_ = 0;
   std::uint64_t peak_ = 0;
   std::uint64_t alloc_calls_ = 0;
