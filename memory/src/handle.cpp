@@ -130,6 +130,7 @@ descriptor* descriptor::create() {
     d->stream = streams::device;
     d->stream_reg = nullptr;
     d->more_streams = nullptr;
+    d->fence_at_free = false;
     d->held = false;
   } else {
     d = new descriptor();
@@ -162,7 +163,7 @@ void descriptor::release(std::uint64_t delta) noexcept {
       if (state.compare_exchange_weak(old, next, std::memory_order_acq_rel, std::memory_order_relaxed)) {
         // This drop frees the memory: the streams it was used on are fenced here and now, while
         // they are known to exist.
-        if (stream_reg != nullptr || more_streams != nullptr) record_free_fences(this);
+        if (fence_at_free) record_free_fences(this);
         queue->push(this);
         return;
       }

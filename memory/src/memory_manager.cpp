@@ -146,6 +146,7 @@ void memory_manager::release_one(detail::descriptor* d) {
 }
 
 void memory_manager::release_streams(detail::descriptor* d) {
+  d->fence_at_free = false;
   if (d->stream_reg != nullptr) {
     order_.unref(*d->stream_reg);
     d->stream_reg = nullptr;
@@ -199,6 +200,7 @@ void memory_manager::harvest() {
 void memory_manager::publish(detail::descriptor* d, std::uint64_t size, stream_id q, stream_state* reg) {
   d->stream = q;
   d->stream_reg = reg;  // the reference the reserve took
+  d->fence_at_free = reg != nullptr && reg->fence != nullptr;
   void* ptr = nullptr;
   arena_pool* arena = nullptr;
   if (d->loc.pool != location::persistent_pool) {
@@ -236,6 +238,7 @@ result<void> memory_manager::record_stream(const memory_binding& b, stream_id q)
     more.push_back(s);
     order_.ref(*s);
   }
+  if (s->fence != nullptr) d->fence_at_free = true;
   return {};
 }
 
@@ -438,6 +441,7 @@ result<void> memory_manager::bind(memory_handle&& reserved, const memory_handle&
     da->stream = dr->stream;
     da->stream_reg = std::exchange(dr->stream_reg, nullptr);
     da->more_streams = std::exchange(dr->more_streams, nullptr);
+    da->fence_at_free = std::exchange(dr->fence_at_free, false);
     da->place(ptr, bytes);
     reserved.reset();  // consumed only on success: a failed bind leaves the memory with the caller
   }

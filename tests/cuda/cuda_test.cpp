@@ -130,6 +130,9 @@ TEST(CudaStorage, AddressRangesMapAndUnmapInStreamOrder) {
   ASSERT_TRUE(s.read(view, back.data()));
   EXPECT_EQ(std::memcmp(back.data(), data.data(), back.size()), 0);
   s.release_range(range->id);
+  EXPECT_EQ(s.mapped_bytes(), 4 * g) << "a release takes effect at the flush";
+  ASSERT_TRUE(s.synchronize());
+  ASSERT_TRUE(s.flush());
   EXPECT_EQ(s.mapped_bytes(), 0u);
   EXPECT_EQ(s.get(*range).code(), errc::not_found);
 }

@@ -10,6 +10,7 @@
 #include <chrono>
 #include <cstring>
 #include <memory>
+#include <optional>
 #include <random>
 #include <thread>
 #include <vector>
@@ -112,8 +113,12 @@ void requests_on_streams(which_stream kind, int threads, int requests) {
   for (int t = 0; t < threads; ++t) {
     pool.emplace_back([&, t] {
       cudaSetDevice(0);
-      user_stream own;
-      void* native = kind == which_stream::own      ? static_cast<void*>(own.s)
+      // Only the own-stream variant makes a stream: under compute-sanitizer, cudaStreamDestroy on
+      // client threads beside the device thread's event records on the legacy stream deadlocks
+      // inside the driver and the sanitizer (RELIABILITY.md, "GPU run").
+      std::optional<user_stream> own;
+      if (kind == which_stream::own) own.emplace();
+      void* native = kind == which_stream::own      ? static_cast<void*>(own->s)
                      : kind == which_stream::legacy ? nullptr
                                                     : reinterpret_cast<void*>(2);  // NOLINT: cudaStreamPerThread
       const stream s = stream::native(native);
@@ -136,8 +141,8 @@ void requests_on_streams(which_stream kind, int threads, int requests) {
         live.clear();  // dropped while the kernels are still queued
         if (test_kernels::last_error() != nullptr) failures.fetch_add(1);
       }
-      cudaStreamSynchronize(own.s);
-      if (kind == which_stream::own) gpu.retire_stream(s).get();
+      // The thread's own stream is destroyed with its kernels still queued, neither synchronized
+      // nor retired: its frees were fenced when they happened.
     });
   }
   for (auto& th : pool) th.join();
@@ -167,6 +172,188 @@ TEST(CudaStreams, SixteenThreadsOnTheirPerThreadDefaultStreams) {
   requests_on_streams(which_stream::per_thread, 16, 100);
 }
 
+// ---- The review's GPU findings (reproducers g1, g4 of code-review-0de9911) ----
+
+namespace {
+
+constexpr std::uint64_t big = 64ULL << 20;  // 16 M words
+
+bool same_memory(const memory_handle& a, void* p) { return a.ptr() == p; }
+
+}  // namespace
+
+// Finding B1: an explicit cleanup (empty_cache) with a kernel still running on a side stream took
+// its unfenced frees for done, and the next allocation on another stream got the same memory
+// while the kernel still wrote it: every word wrong. Now the cleanup waits for nothing and hands
+// out nothing early.
+TEST(CudaStreams, AnEmptyCacheWithASideStreamStillRunningHandsOutNothingEarly) {
+  DEVRT_REQUIRE_GPU();
+  devrt::runtime::runtime rt(gpu_options());
+  auto gpu = rt.cuda(0);
+  user_stream a;
+  user_stream b;
+  memory_handle anchor = gpu.reserve(4096, stream::native(b.s)).get();  // B in use first
+  memory_handle x = gpu.reserve(big, stream::native(a.s)).get();
+  void* const xp = x.ptr();
+  test_kernels::spin_then_fill(xp, big, 1, 1'000'000, a.s);  // writes x about a second from now
+  x.reset();
+  const auto t0 = std::chrono::steady_clock::now();
+  gpu.cleanup().get();  // torch.cuda.empty_cache(), devrt_empty_cache
+  const double cleanup_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  memory_handle y = gpu.reserve(big, stream::native(b.s)).get();
+  test_kernels::fill_pattern(y.ptr(), big, 2, b.s);
+  ASSERT_EQ(cudaStreamSynchronize(b.s), cudaSuccess);
+  ASSERT_EQ(cudaStreamSynchronize(a.s), cudaSuccess);
+  mismatch_counter bad;
+  test_kernels::check_pattern(y.ptr(), big, 2, bad.d, b.s);
+  const unsigned wrong = bad.value();
+  std::printf("[ g1 case 1] empty_cache %.2f ms; y == x: %s; words of y that are not 2: %u\n", cleanup_ms,
+              same_memory(y, xp) ? "yes" : "no", wrong);
+  EXPECT_EQ(wrong, 0u) << "stream B got memory that stream A's kernel still wrote";
+  EXPECT_LT(cleanup_ms, 500.0) << "the cleanup waited for the side stream";
+  EXPECT_EQ(gpu.statistics().get().stream_waits, 0u);
+}
+
+// Finding B3: a stream destroyed with work queued, and a new stream that gets the same handle from
+// the driver. The new stream got the old one's memory at once, and the old kernel's late write
+// overwrote every word. Now the handle names a new stream, which waits for nothing and gets other
+// memory.
+TEST(CudaStreams, AStreamDestroyedWithWorkQueuedNeverLendsItsMemoryToTheNextStream) {
+  DEVRT_REQUIRE_GPU();
+  devrt::runtime::runtime rt(gpu_options());
+  auto gpu = rt.cuda(0);
+  user_stream b;
+  memory_handle anchor = gpu.reserve(4096, stream::native(b.s)).get();
+  cudaStream_t c = nullptr;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&c, cudaStreamNonBlocking), cudaSuccess);
+  memory_handle z = gpu.reserve(big, stream::native(c)).get();
+  void* const zp = z.ptr();
+  test_kernels::spin_then_fill(zp, big, 3, 1'000'000, c);
+  z.reset();
+  ASSERT_EQ(cudaStreamDestroy(c), cudaSuccess);  // returns at once; the kernel still runs
+  cudaStream_t d = nullptr;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&d, cudaStreamNonBlocking), cudaSuccess);
+  const auto t0 = std::chrono::steady_clock::now();
+  memory_handle w = gpu.reserve(big, stream::native(d)).get();
+  const double reserve_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  test_kernels::fill_pattern(w.ptr(), big, 4, d);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  mismatch_counter bad;
+  test_kernels::check_pattern(w.ptr(), big, 4, bad.d, d);
+  const unsigned wrong = bad.value();
+  std::printf(
+      "[ g1 case 2] new stream reuses the destroyed one's handle: %s; w == z: %s; reserve %.2f ms; "
+      "words of w that are not 4: %u\n",
+      d == c ? "yes" : "no", same_memory(w, zp) ? "yes" : "no", reserve_ms, wrong);
+  EXPECT_EQ(wrong, 0u) << "the destroyed stream's kernel wrote the new stream's memory";
+  EXPECT_LT(reserve_ms, 500.0) << "the reserve waited for the destroyed stream";
+  EXPECT_EQ(gpu.statistics().get().stream_waits, 0u);
+  w.reset();
+  cudaStreamDestroy(d);
+}
+
+// Finding B5: a retired stream whose handle comes back for a new stream made the device thread
+// wait for the old stream's kernel; every client of the device waited (859 ms). Now the new stream
+// is a registration of its own and nothing waits: reserves on an unrelated stream keep a p99
+// under a millisecond while the old kernel spins for a second.
+TEST(CudaStreams, ARecycledRetiredStreamNeverStallsTheDevice) {
+  DEVRT_REQUIRE_GPU();
+  devrt::runtime::runtime rt(gpu_options());
+  auto gpu = rt.cuda(0);
+  user_stream b;
+  cudaStream_t a = nullptr;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&a, cudaStreamNonBlocking), cudaSuccess);
+  memory_handle x = gpu.reserve(big, stream::native(a)).get();
+  test_kernels::spin_then_fill(x.ptr(), big, 5, 1'000'000, a);
+  x.reset();
+  gpu.retire_stream(stream::native(a)).get();
+  ASSERT_EQ(cudaStreamDestroy(a), cudaSuccess);
+  cudaStream_t again = nullptr;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&again, cudaStreamNonBlocking), cudaSuccess);
+  std::atomic<bool> stop{false};
+  std::vector<double> lat;
+  std::thread other([&] {
+    const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(1200);
+    while (std::chrono::steady_clock::now() < until) {
+      const auto t0 = std::chrono::steady_clock::now();
+      memory_handle h = gpu.reserve(4096, stream::native(b.s)).get();
+      lat.push_back(std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count());
+    }
+    stop = true;
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  const auto t0 = std::chrono::steady_clock::now();
+  memory_handle y = gpu.reserve(4096, stream::native(again)).get();
+  const double first_us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
+  other.join();
+  std::sort(lat.begin(), lat.end());
+  const double p99 = lat.empty() ? 0.0 : lat[lat.size() * 99 / 100];
+  const double worst = lat.empty() ? 0.0 : lat.back();
+  std::printf(
+      "[ g4       ] handle reused: %s; first reserve on the new stream %.1f us; %zu reserves on stream B "
+      "meanwhile: p99 %.1f us, worst %.1f us; stream_waits %llu\n",
+      again == a ? "yes" : "no", first_us, lat.size(), p99, worst,
+      static_cast<unsigned long long>(gpu.statistics().get().stream_waits));
+  EXPECT_LT(p99, 1000.0) << "reserves on an unrelated stream waited for the old stream's kernel";
+  EXPECT_LT(first_us, 1000.0);
+  EXPECT_EQ(gpu.statistics().get().stream_waits, 0u);
+  y.reset();
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  cudaStreamDestroy(again);
+}
+
+// Finding B7: a read or a write on the device's stream during a capture was recorded into the graph
+// with its staging buffer given back to the pool. Now both are refused before anything is
+// enqueued, and the graph holds only the capture's own work.
+TEST(CudaGraph, ReadsAndWritesInsideACaptureAreRefusedAndTheGraphStaysIntact) {
+  DEVRT_REQUIRE_GPU();
+  devrt::runtime::runtime rt(gpu_options());
+  auto gpu = rt.cuda(0);
+  constexpr std::uint64_t bytes = 1 << 20;
+  memory_handle h = gpu.create(bytes);
+  (void)gpu
+      .submit({h.binding()},
+              [](submit_context& c) { test_kernels::fill_pattern(c.resources[0].ptr, bytes, 4, c.stream); })
+      .get();
+  const auto staging_before = gpu.statistics().get();
+  gpu.capture_begin().get();
+  (void)gpu
+      .submit({h.binding()},
+              [](submit_context& c) { test_kernels::fill_pattern(c.resources[0].ptr, bytes, 5, c.stream); })
+      .get();
+  auto refused = [](auto&& f) {
+    try {
+      (void)f.get();
+    } catch (const boost::system::system_error& e) {
+      return e.code() == errc::capture_active;
+    }
+    return false;
+  };
+  EXPECT_TRUE(refused(gpu.write(h.binding(), std::vector<std::byte>(bytes, std::byte{9}))));
+  EXPECT_TRUE(refused(gpu.read(h.binding())));
+  EXPECT_TRUE(refused(gpu.synchronize()));
+  auto graph = gpu.capture_end().get();
+  ASSERT_TRUE(graph.recorded());
+  // Overwrite the memory, then replay: the graph writes pattern 5 and nothing else.
+  (void)gpu
+      .submit({h.binding()},
+              [](submit_context& c) { test_kernels::fill_pattern(c.resources[0].ptr, bytes, 6, c.stream); })
+      .get();
+  gpu.replay(graph).get();
+  auto out = gpu.read(h.binding()).get();
+  ASSERT_EQ(out.size(), bytes);
+  void* copy = nullptr;
+  ASSERT_EQ(cudaMalloc(&copy, bytes), cudaSuccess);
+  ASSERT_EQ(cudaMemcpy(copy, out.data(), bytes, cudaMemcpyHostToDevice), cudaSuccess);
+  mismatch_counter bad;
+  test_kernels::check_pattern(copy, bytes, 5, bad.d, nullptr);
+  EXPECT_EQ(bad.value(), 0u) << "the graph replayed something besides its kernel";
+  cudaFree(copy);
+  graph = device_graph();
+  EXPECT_EQ(gpu.check_invariants().get(), "");
+  (void)staging_before;
+}
+
 // A kernel still running on stream A over memory whose handle was dropped: stream B never gets
 // that memory before A's work is done (by address and by data), and gets it afterwards.
 TEST(CudaStreams, MemoryFreedOnABusyStreamIsNotGivenToAnotherBeforeItsFence) {
@@ -175,6 +362,7 @@ TEST(CudaStreams, MemoryFreedOnABusyStreamIsNotGivenToAnotherBeforeItsFence) {
   auto gpu = rt.cuda(0);
   user_stream a;
   user_stream b;
+  user_stream c;
   mismatch_counter bad;
   constexpr std::uint64_t bytes = 8ULL << 20;
   (void)gpu.reserve(4096, stream::native(b.s)).get();  // B is in use from the start
@@ -191,13 +379,16 @@ TEST(CudaStreams, MemoryFreedOnABusyStreamIsNotGivenToAnotherBeforeItsFence) {
     test_kernels::fill_pattern(y.ptr(), bytes, 2, b.s);
   }
   EXPECT_EQ(bad.value(), 0u);
-  // Once A's work is done, the memory is free for every stream.
+  // Once A's work is done, the memory is free for every stream: a third stream (B's own freed
+  // memory stays B's first choice) gets it.
   ASSERT_EQ(cudaStreamSynchronize(a.s), cudaSuccess);
+  // C keeps what it gets, so that no memory of its own competes with A's.
   bool reused = false;
+  std::vector<memory_handle> kept;
   for (int i = 0; i < 100 && !reused; ++i) {
     (void)gpu.memory_usage().get();  // a batch: polls the fences
-    memory_handle y = gpu.reserve(bytes, stream::native(b.s)).get();
-    reused = y.ptr() == x_ptr;
+    kept.push_back(gpu.reserve(bytes, stream::native(c.s)).get());
+    reused = kept.back().ptr() == x_ptr;
   }
   EXPECT_TRUE(reused) << "A's memory never came back after its fence passed";
   gpu.retire_stream(stream::native(a.s)).get();

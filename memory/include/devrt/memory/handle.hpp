@@ -86,6 +86,8 @@ struct descriptor {
   /// free-time fences of native streams before it hands the descriptor to the release queue.
   stream_state* stream_reg = nullptr;
   stream_list* more_streams = nullptr;
+  /// Whether one of those streams is native (fenced at the free): the drop's one check.
+  bool fence_at_free = false;
   /// Kept live by stream_order until the fences of its streams pass (owner thread only): a drop
   /// while held (after a capture pinned it again) does not hold it twice.
   bool held = false;

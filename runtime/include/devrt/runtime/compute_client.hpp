@@ -148,6 +148,14 @@ result<R> invoke_body(Body& body, actor_core& core) noexcept {
   }
 }
 
+/// The same, then `after()` (which drops what the body holds) before the result is handed on.
+template <class R, class Body, class After>
+result<R> invoke_body(Body& body, actor_core& core, After&& after) noexcept {
+  result<R> r = invoke_body<R>(body, core);
+  after();
+  return r;
+}
+
 /// Completes `handler` with `r` here and now (devrt's future, whose completion only publishes).
 template <class R, class Handler>
 void complete_now(Handler& handler, result<R> r) {
@@ -194,9 +202,14 @@ class compute_client {
   /// The building block of every operation below.
   template <class R, class Token, class Body>
   auto async_run(Body&& body, Token&& token) const {
-    return async_run_raw<R>([b = std::forward<Body>(body)](
-                                actor_core& core, auto finish) mutable { finish(detail::invoke_body<R>(b, core)); },
-                            std::forward<Token>(token));
+    return async_run_raw<R>(
+        [b = std::optional<std::decay_t<Body>>(std::forward<Body>(body))](actor_core& core, auto finish) mutable {
+          // What the body holds (bindings) goes before the caller hears back: a binding that is
+          // the last reference frees its memory now, in order with the caller's next steps (a
+          // stream destroyed after the call returns was not yet destroyed at the free).
+          finish(detail::invoke_body<R>(*b, core, [&b] { b.reset(); }));
+        },
+        std::forward<Token>(token));
   }
 
   /// Like `async_run`, for bodies that complete later: `body(actor_core&, finish)` calls

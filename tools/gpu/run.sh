@@ -1,0 +1,120 @@
+#!/usr/bin/env bash
+# The GPU runs, as named steps, on the machine with the H200 (after tools/gpu/pack.sh here; the
+# device tool copies the repository and carries .gpu/). Logs land in $OUT (or .gpu/out), one per
+# step, and each step prints its summary lines.
+#
+#   bash tools/gpu/run.sh STEP...
+#
+# Steps:
+#   tests        the CUDA tests (C++ runtime and C interface), with CUDA_MODULE_LOADING=EAGER (the
+#                tests' own main sets it unless it is set)
+#   tests-lazy   the same with CUDA's default lazy module loading
+#   memcheck     every stream, graph, storage and C-interface test under compute-sanitizer memcheck,
+#                one process per test, with a watchdog that prints every thread's stack on a hang
+#   torch        the stream-order cases under PyTorch (tests/cuda/torch_stream_order.py)
+#   replay       the allocation traces through devrt on the GPU (--json, driver time per call)
+#   baselines    the traces through cudaMallocAsync and PyTorch's caching allocator (default and
+#                expandable segments), twice each; builds devrt-torch-baseline there
+#   demo         the main job (devrt_inference_server --device cuda), the examples
+#   bench        devrt_bench_streams and devrt_bench_actor
+#   all          tests tests-lazy memcheck torch replay demo bench
+set -u
+cd "$(dirname "$0")/../.."
+G=$PWD/.gpu
+B=$G/bin
+T=$G/traces
+OUT=${OUT:-$G/out}
+mkdir -p "$OUT"
+export LD_LIBRARY_PATH="$G/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+CS=$(ls /usr/local/cuda*/bin/compute-sanitizer 2>/dev/null | head -1)
+TRACES="llama_serve gpt2_train bert_serve cnn_train moe_train unet_train"
+run() {
+  echo "== $*"
+  local t0=$SECONDS
+  "$@"
+  local rc=$?
+  echo "== exit $rc ($((SECONDS - t0)) s)"
+  return $rc
+}
+
+step_tests() {
+  run timeout 300 "$B/devrt_cuda_tests"
+  run timeout 120 "$B/devrt_cuda_c_tests"
+}
+
+step_tests_lazy() {
+  CUDA_MODULE_LOADING=LAZY run timeout 300 "$B/devrt_cuda_tests"
+  CUDA_MODULE_LOADING=LAZY run timeout 120 "$B/devrt_cuda_c_tests"
+}
+
+step_memcheck() {
+  [ -n "$CS" ] || { echo "memcheck: no compute-sanitizer"; return 1; }
+  local bin t rc=0
+  for bin in devrt_cuda_tests devrt_cuda_c_tests; do
+    for t in $("$B/$bin" --gtest_list_tests | awk '/^[A-Za-z]/{s=$1} /^  /{print s $1}' |
+               grep -E '^(CudaStreams|CudaGraph|CudaStorage|CApiStreams|MultiGpu)\.'); do
+      DEVRT_TEST_WATCHDOG=150 run timeout 180 "$CS" --tool memcheck --error-exitcode 3 "$B/$bin" --gtest_brief=1 \
+        --gtest_filter="$t" || rc=1
+    done
+  done
+  return $rc
+}
+
+step_torch() {
+  DEVRT_LIBRARY=$G/lib/libdevrt_c.so PYTHONPATH=python run timeout 120 python3 tests/cuda/torch_stream_order.py
+}
+
+step_replay() {
+  local t
+  for t in $TRACES; do
+    [ -f "$T/$t.trace.gz" ] && run timeout 60 "$B/devrt-replay" "$T/$t.trace.gz" --device cuda --json --no-progress
+  done
+  return 0
+}
+
+step_baselines() {
+  bash tools/replay/build_torch_baseline.sh /tmp/devrt-torch-baseline > "$OUT/torch_build.log" 2>&1
+  local t i
+  for t in $TRACES; do
+    [ -f "$T/$t.trace.gz" ] || continue
+    for i in 1 2; do
+      run timeout 60 "$B/devrt-replay" "$T/$t.trace.gz" --baseline cudaMallocAsync --json --no-progress
+      run timeout 90 /tmp/devrt-torch-baseline "$T/$t.trace.gz" --json
+      PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True run timeout 90 /tmp/devrt-torch-baseline "$T/$t.trace.gz" --json
+    done
+  done
+}
+
+step_demo() {
+  run timeout 120 "$B/devrt_inference_server" --device cuda --no-progress
+  run timeout 60 "$B/devrt_graph_capture"
+  run timeout 60 "$B/devrt_model_reload" --device cuda
+}
+
+step_bench() {
+  [ -f "$T/llama_serve.trace.gz" ] && run timeout 120 "$B/devrt_bench_streams" --trace "$T/llama_serve.trace.gz" --seconds 1
+  run timeout 120 "$B/devrt_bench_actor" --benchmark_filter='round_trip/|churn_(reserve|create)/real_time/threads:(1|16)$' \
+    --benchmark_min_time=0.2
+}
+
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null || true
+steps=("$@")
+if [ ${#steps[@]} -eq 0 ]; then
+  sed -n '2,22p' "$0"
+  exit 2
+fi
+[ "${steps[0]}" = all ] && steps=(tests tests-lazy memcheck torch replay demo bench)
+status=0
+for s in "${steps[@]}"; do
+  f="step_${s//-/_}"
+  if ! declare -F "$f" >/dev/null; then
+    echo "unknown step: $s"
+    status=2
+    continue
+  fi
+  echo "==== step $s"
+  "$f" > "$OUT/$s.log" 2>&1 || status=1
+  grep -E '^== |PASSED|FAILED|ERROR SUMMARY|watchdog|crash|^\[ (g1|g4|t1|record|blocked|streams|devices|cuda) ' "$OUT/$s.log" |
+    grep -v '^== thread' | head -300
+done
+exit $status
