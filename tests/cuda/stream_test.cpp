@@ -388,7 +388,8 @@ TEST(CudaStreams, MemoryFreedOnABusyStreamIsNotGivenToAnotherBeforeItsFence) {
   for (int i = 0; i < 100 && !reused; ++i) {
     (void)gpu.memory_usage().get();  // a batch: polls the fences
     kept.push_back(gpu.reserve(bytes, stream::native(c.s)).get());
-    reused = kept.back().ptr() == x_ptr;
+    auto* const y_ptr = static_cast<std::byte*>(kept.back().ptr());
+    reused = y_ptr < x_ptr + bytes && x_ptr < y_ptr + bytes;  // it may start elsewhere in a merged hole
   }
   EXPECT_TRUE(reused) << "A's memory never came back after its fence passed";
   gpu.retire_stream(stream::native(a.s)).get();
