@@ -175,7 +175,7 @@ result<void> cuda_storage::flush() {
   }
   if (pending_.empty()) return {};
   // Behind the device's stream, after it waited for the streams returns wait for.
-  if (auto j = join_returns(); !j) return j;
+  if (auto j = wait_for_return_streams(); !j) return j;
   result<void> out;
   for (const memory::storage_id id : pending_) {
     auto it = pages_.find(id);
@@ -424,7 +424,7 @@ void cuda_storage::return_after(memory::stream_id s) {
   if (std::find(return_after_.begin(), return_after_.end(), s) == return_after_.end()) return_after_.push_back(s);
 }
 
-result<void> cuda_storage::join_returns() {
+result<void> cuda_storage::wait_for_return_streams() {
   for (const memory::stream_id q : return_after_) {
     auto t = events_->record(as_stream(stream_of(q)));
     if (!t) return std::move(t).err();

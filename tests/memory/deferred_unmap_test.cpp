@@ -223,3 +223,34 @@ TEST(DeferredUnmaps, OnlyUnmapsNotYetDoneAreInFlight) {
   ASSERT_TRUE(st.flush());
   st.release_range(range.id);
 }
+
+// Review finding B10: a range released while an unmap of it could not be recorded (or was still in
+// flight) was freed at once, unmapping memory without any event. It keeps its addresses until its
+// unmaps are done, and a failed record leaves everything for the next flush.
+TEST(DeferredUnmaps, AReleasedRangeKeepsItsMemoryUntilItsUnmapsAreDone) {
+  devices::sim_options o;
+  o.streams = true;
+  o.deferred_unmaps = true;
+  o.props.map_granularity = 2 * mib;
+  devices::sim_storage s(o);
+  int given_back = 0;
+  s.on_give_back = [&](const devices::sim_storage::given_back&) { ++given_back; };
+  auto range = s.reserve_range(64 * mib, 2 * mib).value();
+  ASSERT_TRUE(s.map(range.id, 0, 4 * mib));
+  const event busy = s.record_event(streams::device).value();  // work that may use the mapping
+  s.release_range(range.id);
+  s.fail_next_record();
+  EXPECT_FALSE(s.flush()) << "the failed record is reported";
+  EXPECT_EQ(given_back, 0) << "memory went back without an event behind the work queued";
+  EXPECT_EQ(s.range_count(), 1u);
+  ASSERT_TRUE(s.flush());  // recorded now, behind the busy work
+  EXPECT_EQ(given_back, 0);
+  EXPECT_EQ(s.range_count(), 1u) << "the range's addresses went while its unmap was in flight";
+  EXPECT_EQ(s.returning_bytes(), 4 * mib);
+  s.run_until(busy);
+  s.progress();
+  ASSERT_TRUE(s.flush());
+  EXPECT_EQ(given_back, 1);
+  EXPECT_EQ(s.range_count(), 0u);
+  EXPECT_EQ(s.allocated_bytes(), 0u);
+}

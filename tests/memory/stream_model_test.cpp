@@ -93,6 +93,7 @@ class model {
     streams_.push_back(stream_slot{streams::per_thread, false});
     for (int i = 0; i < 3; ++i) add_native();
     const stream_id f = sim_->create_stream(1);
+    foreign_ = streams_.size();
     streams_.push_back(stream_slot{f, true, true, true, sim_->stream_uid(f)});
   }
 
@@ -220,6 +221,16 @@ class model {
     std::uint64_t size = roll < 60 ? 512 * (1 + pick(64)) : roll < 95 ? 64 * kib * (1 + pick(48)) : 12 * mib;
     if (capturing_) size = warm_sizes[pick(std::size(warm_sizes))];
     if (pick(50) == 0) sim_->fail_allocation(1);
+    if (pick(80) == 0) sim_->fail_next_map();
+    if (pick(100) == 0) {
+      // Memory of this device for another device's stream: refused, and nothing changes.
+      const stream_slot& f = streams_[foreign_];
+      auto r = m_->reserve(size, f.handle);
+      if (r || r.code() != errc::invalid_argument) {
+        problems_.push_back(where() + ": a reserve for another device's stream was not refused");
+      }
+      return;
+    }
     const bool into = pick(4) == 0;
     memory_handle h;
     if (into) {
@@ -241,7 +252,8 @@ class model {
 
   void expect_refusal(const error& e) {
     if (e.code == errc::out_of_memory || e.code == errc::pool_capacity_exceeded || e.code == errc::capture_active ||
-        e.code == errc::buffer_too_big) {
+        e.code == errc::buffer_too_big ||
+        (e.code == errc::device_error && std::string(e.detail) == "injected map failure")) {
       return;
     }
     problems_.push_back(where() + ": a reserve failed unexpectedly: " + e.message());
@@ -464,6 +476,7 @@ class model {
   devices::sim_storage* sim_ = nullptr;
   std::unique_ptr<memory_manager> m_;
   std::vector<stream_slot> streams_;
+  std::size_t foreign_ = 0;  // the stream of another device
   std::vector<allocation> lives_;
   std::vector<freed> freed_;
   std::vector<graph> graphs_;
@@ -481,13 +494,13 @@ TEST(StreamModel, NoMemoryReachesAnotherStreamOrTheDriverBeforeItsUsesPass) {
   std::uint64_t checks = 0;
   int runs = 0;
   const char* only = std::getenv("DEVRT_MODEL_SEED");
-  for (std::uint64_t seed = 1; seed <= 24; ++seed) {
+  for (std::uint64_t seed = 1; seed <= 48; ++seed) {
     if (only != nullptr && std::strtoull(only, nullptr, 10) != seed) continue;
     const char* layout = layouts[seed % std::size(layouts)];
     const std::uint64_t capacity = seed % 3 == 0 ? 160 * mib : 0;
     const bool deferred = seed % 2 == 0;
     model m(seed, layout, capacity, deferred);
-    m.run(3000);
+    m.run(4000);
     if (m.problems().empty()) m.finish();
     for (const auto& p : m.problems()) ADD_FAILURE() << p;
     if (!m.problems().empty()) break;
@@ -495,6 +508,6 @@ TEST(StreamModel, NoMemoryReachesAnotherStreamOrTheDriverBeforeItsUsesPass) {
     checks += m.checks();
     ++runs;
   }
-  std::printf("[ model    ] %d programs of 3000 steps, %llu reserves, %llu checks of reserves and returns\n", runs,
+  std::printf("[ model    ] %d programs of 4000 steps, %llu reserves, %llu checks of reserves and returns\n", runs,
               static_cast<unsigned long long>(reserves), static_cast<unsigned long long>(checks));
 }

@@ -115,3 +115,31 @@ TEST(StreamThreads, SixteenThreadsWithStreamsTheyCreateAndDestroy) {
               static_cast<unsigned long long>(s.stream_registrations), static_cast<unsigned long long>(s.streams),
               static_cast<unsigned long long>(s.fences), static_cast<unsigned long long>(s.stream_waits));
 }
+
+// record_stream's errors reach the caller (the C interface and Python raise them from the same
+// future): a stream the device cannot identify leaves the memory as it was.
+TEST(StreamThreads, RecordStreamErrorsReachTheCaller) {
+  runtime_options o = devrt_test::quiet_options();
+  devices::sim_options so;
+  so.streams = true;
+  so.props.map_granularity = 2 * mib;
+  o.sim = so;
+  o.sim_layout = memory::preset::automatic;
+  devrt::runtime::runtime rt(o);
+  compute_client c = rt.sim();
+  devices::sim_storage* sim = sim_of(c);
+  memory_handle h = c.reserve(mib, stream::native(reinterpret_cast<void*>(0x1000))).get();
+  sim->fail_next_identify();
+  auto f = devrt_test::failure_of(c.record_stream(h, stream::native(reinterpret_cast<void*>(0x2000))));
+  EXPECT_EQ(f.code, errc::device_error) << f.what;
+  EXPECT_NE(f.what.find("identifying a stream"), std::string::npos) << f.what;
+  // A stream of another device is tracked, not refused; a reserve for it is refused.
+  const memory::stream_id foreign = sim->create_stream(1);
+  c.record_stream(h, stream::native(reinterpret_cast<void*>(foreign))).get();
+  auto r = devrt_test::failure_of(c.reserve(mib, stream::native(reinterpret_cast<void*>(foreign))));
+  EXPECT_EQ(r.code, errc::invalid_argument) << r.what;
+  h.reset();
+  sim->progress();
+  c.cleanup().get();
+  EXPECT_EQ(c.check_invariants().get(), "");
+}

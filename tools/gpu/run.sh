@@ -16,7 +16,7 @@
 #   baselines    the traces through cudaMallocAsync and PyTorch's caching allocator (default and
 #                expandable segments), twice each; builds devrt-torch-baseline there
 #   demo         the main job (devrt_inference_server --device cuda), the examples
-#   bench        devrt_bench_streams and devrt_bench_actor
+#   bench        devrt_bench_events, devrt_bench_streams and devrt_bench_actor
 #   all          tests tests-lazy memcheck torch replay demo bench
 set -u
 cd "$(dirname "$0")/../.."
@@ -95,6 +95,7 @@ step_demo() {
 }
 
 step_bench() {
+  run timeout 60 "$B/devrt_bench_events"
   [ -f "$T/llama_serve.trace.gz" ] && run timeout 120 "$B/devrt_bench_streams" --trace "$T/llama_serve.trace.gz" --seconds 1
   run timeout 120 "$B/devrt_bench_actor" --benchmark_filter='round_trip/|churn_(reserve|create)/real_time/threads:(1|16)$' \
     --benchmark_min_time=0.2

@@ -78,7 +78,7 @@ void cuda_storage::vmm_driver_impl::unmap(std::uint64_t at, std::uint64_t size) 
 
 result<memory::event> cuda_storage::vmm_driver_impl::behind_device() {
   if (auto b = s_.bind_device(); !b) return std::move(b).err();
-  if (auto j = s_.join_returns(); !j) return std::move(j).err();
+  if (auto j = s_.wait_for_return_streams(); !j) return std::move(j).err();
   // Nothing left to run on the device's stream, joins included: the unmaps may happen now.
   cudaError_t idle = cudaSuccess;
   {

@@ -208,7 +208,7 @@ class cuda_storage {
   class vmm_driver_impl;  // cuda_vmm_driver.cpp
   result<void> bind_device() const;
   /// The device's stream waits for the work queued on the streams returns wait for.
-  result<void> join_returns();
+  result<void> wait_for_return_streams();
   /// Sets the access of every device to the mapping at [at, at + size): read-write for the device
   /// and its peers, none for `revoked`.
   result<void> set_mapping_access(std::uint64_t at, std::uint64_t size, const std::vector<int>& revoked) const;
