@@ -12,6 +12,7 @@
 
 #include "devrt/c_api.h"
 #include "kernels.hpp"
+#include "mismatch_counter.hpp"
 
 namespace {
 
@@ -25,23 +26,6 @@ namespace {
   } while (false)
 
 constexpr std::size_t big = std::size_t{64} << 20;
-
-struct mismatch_counter {
-  unsigned int* d = nullptr;
-  mismatch_counter() {
-    EXPECT_EQ(cudaMalloc(reinterpret_cast<void**>(&d), sizeof(unsigned int)), cudaSuccess);  // NOLINT
-    EXPECT_EQ(cudaMemset(d, 0, sizeof(unsigned int)), cudaSuccess);
-  }
-  mismatch_counter(const mismatch_counter&) = delete;
-  mismatch_counter& operator=(const mismatch_counter&) = delete;
-  ~mismatch_counter() { cudaFree(d); }
-  unsigned int value() const {
-    unsigned int v = 0;
-    EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-    EXPECT_EQ(cudaMemcpy(&v, d, sizeof v, cudaMemcpyDeviceToHost), cudaSuccess);
-    return v;
-  }
-};
 
 cudaStream_t new_stream() {
   cudaStream_t s = nullptr;

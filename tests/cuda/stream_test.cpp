@@ -19,6 +19,7 @@
 #include "devrt/memory/memory_manager.hpp"
 #include "devrt/runtime/runtime.hpp"
 #include "kernels.hpp"
+#include "mismatch_counter.hpp"
 #include "require_gpu.hpp"
 
 using namespace devrt;
@@ -42,24 +43,6 @@ struct user_stream {
   user_stream(const user_stream&) = delete;
   user_stream& operator=(const user_stream&) = delete;
   ~user_stream() { cudaStreamDestroy(s); }
-};
-
-// A counter of mismatching words in device memory.
-struct mismatch_counter {
-  unsigned int* d = nullptr;
-  mismatch_counter() {
-    EXPECT_EQ(cudaMalloc(reinterpret_cast<void**>(&d), sizeof(unsigned int)), cudaSuccess);  // NOLINT
-    EXPECT_EQ(cudaMemset(d, 0, sizeof(unsigned int)), cudaSuccess);
-  }
-  mismatch_counter(const mismatch_counter&) = delete;
-  mismatch_counter& operator=(const mismatch_counter&) = delete;
-  ~mismatch_counter() { cudaFree(d); }
-  unsigned int value() const {
-    unsigned int v = 0;
-    EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-    EXPECT_EQ(cudaMemcpy(&v, d, sizeof v, cudaMemcpyDeviceToHost), cudaSuccess);
-    return v;
-  }
 };
 
 // Holds a stream at a host function until `open()`: work queued behind it waits however the

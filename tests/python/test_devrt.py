@@ -76,6 +76,17 @@ class HostDevice(unittest.TestCase):
         devrt.empty_cache(HOST)
         self.assertEqual(devrt.stats(HOST)["reserved_bytes"], 0)
 
+    def test_stream_names_and_retire(self):
+        # CUDA's numbering everywhere: None and 0 the legacy stream, 2 the per-thread one, and
+        # devrt's own stream by its name; the host accepts them all, and retiring is optional.
+        self.assertEqual((devrt.STREAM_LEGACY, devrt.STREAM_PER_THREAD, devrt.STREAM_DEVICE), (1, 2, 3))
+        ptrs = [devrt.malloc(512, HOST, stream=s) for s in (None, 0, devrt.STREAM_DEVICE, 0x1000)]
+        devrt.record_stream(ptrs[3], devrt.STREAM_DEVICE)
+        for p in ptrs:
+            devrt.free(p, HOST)
+        devrt.retire_stream(0x1000, HOST)
+        self.assertEqual(devrt.stats(HOST)["live_allocations"], 0)
+
     def test_threads(self):
         errors = []
 
