@@ -38,8 +38,8 @@ struct sim_options {
   /// The simulated device's index (streams of other indices are another device's).
   int device = 0;
   /// With `streams`: an unmap takes effect as on a GPU, behind the work queued before it. A flush
-  /// gives the memory back at once when no event of any queue is outstanding (the device has
-  /// nothing left to run), otherwise behind an event on the device's queue, given back by the first
+  /// gives the memory back at once when no event of any stream is outstanding (the device has
+  /// nothing left to run), otherwise behind an event on the device's stream, given back by the first
   /// flush or map after that event has passed. Until then the memory is returning
   /// (`returning_bytes`); the same bounds mapped again keep it; other bounds over it wait (counted
   /// in `waits()`).

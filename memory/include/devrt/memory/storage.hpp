@@ -45,7 +45,7 @@ struct resource {
 };
 
 /// Device work recorded between `storage::begin_capture` and `storage::end_capture` (a CUDA
-/// graph, on CUDA devices), replayable on the device's queue.
+/// graph, on CUDA devices), replayable on the device's stream.
 class recorded_work {
  public:
   virtual ~recorded_work() = default;
@@ -222,13 +222,13 @@ class storage {
   [[nodiscard]] std::size_t unmaps_in_flight() const { return impl_->unmaps_in_flight(); }
   [[nodiscard]] std::string name() const { return impl_->name(); }
 
-  /// The device's work queue (a cudaStream_t on CUDA devices); nullptr when it has none.
+  /// The device's own stream (a cudaStream_t on CUDA devices); nullptr when it has none.
   [[nodiscard]] void* native_stream() { return impl_->native_stream(); }
   /// Starts recording the work enqueued on the device's queue (no-op without a queue).
   result<void> begin_capture() { return impl_->begin_capture(); }
   /// Stops recording; nullptr when the device records nothing.
   result<std::shared_ptr<recorded_work>> end_capture() { return impl_->end_capture(); }
-  /// Waits for the device's queue to drain.
+  /// Waits for the device's own stream to drain.
   result<void> synchronize() { return impl_->synchronize(); }
 
   /// Whether the device has work queues (see `queued_backend`); without them every event has

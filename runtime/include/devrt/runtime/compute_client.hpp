@@ -53,7 +53,7 @@ using memory::memory_handle;
 struct submit_context {
   const device_info& device;
   std::span<const memory::resource> resources;  ///< one per binding given, in order
-  /// The device's queue: a cudaStream_t on CUDA devices (launch kernels on it), nullptr on
+  /// The device's own stream: a cudaStream_t on CUDA devices (launch kernels on it), nullptr on
   /// devices without one. The strand's thread is bound to the device.
   void* stream = nullptr;
 };
@@ -61,7 +61,7 @@ struct submit_context {
 class compute_client;
 
 /// The result of a capture window: handles pinning the persistent memory the window touched and,
-/// on devices with a queue, the recorded work (a CUDA graph). Copies share the graph; when the
+/// on devices with streams, the recorded work (a CUDA graph). Copies share the graph; when the
 /// last copy is dropped, the device waits for its replays and then releases the pins.
 class device_graph {
  public:

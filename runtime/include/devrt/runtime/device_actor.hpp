@@ -75,9 +75,9 @@ class actor_core {
   /// capture_active when a copy for `b` would be enqueued on the device's stream during a capture.
   result<void> refuse_in_capture(const memory::memory_binding& b, const char* what) const;
 
-  /// Opens a capture window on the manager and, on devices with a queue, stream capture.
+  /// Opens a capture window on the manager and, on devices with streams, stream capture.
   result<void> capture_begin();
-  /// Closes both; returns the pins and the recorded work (nullptr without a queue).
+  /// Closes both; returns the pins and the recorded work (nullptr without streams).
   result<std::pair<std::vector<memory::memory_handle>, std::shared_ptr<memory::recorded_work>>> capture_end();
 
   /// Persistent scopes nest: the mode is persistent while at least one is open.
