@@ -306,6 +306,30 @@ result<memory::event> cuda_storage::read_async(const memory::storage_handle& h, 
 
 // ---- The device's stream and capture ----
 
+std::uint64_t cuda_storage::borrow_thread() noexcept {
+  int previous = -1;
+  if (cudaGetDevice(&previous) != cudaSuccess) {
+    cudaGetLastError();
+    previous = -1;
+  }
+  if (previous != device_) cudaSetDevice(device_);
+  cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
+  if (cudaThreadExchangeStreamCaptureMode(&mode) != cudaSuccess) {
+    cudaGetLastError();
+    mode = cudaStreamCaptureModeRelaxed;
+  }
+  // Low 32 bits: the previous device + 1 (0: none); high 32 bits: the capture mode.
+  return (static_cast<std::uint64_t>(static_cast<std::uint32_t>(mode)) << 32U) |
+         static_cast<std::uint32_t>(previous + 1);
+}
+
+void cuda_storage::return_thread(std::uint64_t saved) noexcept {
+  auto mode = static_cast<cudaStreamCaptureMode>(static_cast<std::uint32_t>(saved >> 32U));
+  if (mode != cudaStreamCaptureModeRelaxed) cudaThreadExchangeStreamCaptureMode(&mode);
+  const int previous = static_cast<int>(static_cast<std::uint32_t>(saved)) - 1;
+  if (previous >= 0 && previous != device_) cudaSetDevice(previous);
+}
+
 void* cuda_storage::native_stream() noexcept {
   cudaSetDevice(device_);
   return stream_;
@@ -390,6 +414,17 @@ void cuda_storage::release_event(memory::event t) noexcept { events_->release(t)
 result<memory::stream_identity> cuda_storage::identify(memory::stream_id s) {
   cudaStream_t stream = as_stream(stream_of(s));
   unsigned long long id = 0;  // NOLINT(google-runtime-int): the runtime's type
+  // Asked first: cudaStreamGetId on a capturing stream fails and invalidates the capture.
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  const cudaError_t asked = cudaStreamIsCapturing(stream, &capture);
+  if (asked == cudaSuccess && capture != cudaStreamCaptureStatusNone) {
+    error err = error::make(errc::capture_active,
+                            "the stream is capturing a CUDA graph, and CUDA names a stream (cudaStreamGetId) only "
+                            "outside a capture; reserve the graph's memory before the capture or for another "
+                            "stream, or capture through compute_client::capture_begin");
+    return err;
+  }
+  if (asked != cudaSuccess) cudaGetLastError();  // a failed question is answered below
   if (const cudaError_t e = cudaStreamGetId(stream, &id); e != cudaSuccess) {
     error err = cuda_error(e, "cudaStreamGetId failed: the handle names no live CUDA stream (destroyed?)");
     err.code = errc::invalid_argument;

@@ -165,6 +165,10 @@ void sim_storage::free_now(memory::storage_id id) {
 }
 
 result<void> sim_storage::flush() {
+  if (!pending_.empty() &&
+      std::find(flush_threads_.begin(), flush_threads_.end(), std::this_thread::get_id()) == flush_threads_.end()) {
+    flush_threads_.push_back(std::this_thread::get_id());
+  }
   if (fail_flush_) {
     fail_flush_ = false;
     error e = error::make(errc::device_error, "injected flush failure");

@@ -247,13 +247,14 @@ result<void> memory_manager::retire_stream(stream_id q) {
   return order_.retire(q);
 }
 
-result<void> memory_manager::end_batch() {
+result<void> memory_manager::end_batch(bool push_deallocations) {
   process_releases();
   result<void> out;
   if (order_.ordered()) {
     out = order_.fence();
     if (order_.poll() || order_.advanced()) harvest();
   }
+  if (!push_deallocations) return out;
   if (auto f = flush(); !f && out) out = std::move(f);
   return out;
 }

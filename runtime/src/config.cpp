@@ -65,6 +65,14 @@ result<std::vector<int>> parse_device_list(std::string_view text) {
   return out;
 }
 
+result<bool> parse_switch(std::string_view text) {
+  std::string v(trim(text));
+  std::transform(v.begin(), v.end(), v.begin(), [](unsigned char c) { return std::tolower(c); });
+  if (v == "1" || v == "true" || v == "on" || v == "yes") return true;
+  if (v == "0" || v == "false" || v == "off" || v == "no") return false;
+  return config_error(std::string(text), "a switch is one of 1, true, on, yes, 0, false, off, no");
+}
+
 const char* to_string(log_level l) noexcept {
   switch (l) {
     case log_level::disabled: return "disabled";
@@ -101,12 +109,16 @@ result<void> apply_config_text(runtime_config& cfg, std::string_view text, std::
       auto d = parse_device_list(value);
       if (!d) return config_error(where, "cuda_devices is a list of CUDA device indices such as 0,2, or none");
       cfg.cuda_devices = std::move(*d);
+    } else if (key == "serve_in_place") {
+      auto b = parse_switch(value);
+      if (!b) return config_error(where, "serve_in_place is true or false (also 1, on, yes, 0, off, no)");
+      cfg.serve_in_place = *b;
     } else if (key == "pools" || key == "layout") {
       return config_error(where,
                           "pool layouts are not read from config files; set them with configure() or a "
                           "tool's --layout option");
     } else {
-      return config_error(where, "unknown setting (known: persistent_memory, log_level, cuda_devices)");
+      return config_error(where, "unknown setting (known: persistent_memory, log_level, cuda_devices, serve_in_place)");
     }
   }
   return {};
@@ -156,6 +168,14 @@ result<runtime_config> load_config(const std::optional<std::string>& file, const
                           "CUDA_VISIBLE_DEVICES), or none");
     }
     cfg.cuda_devices = std::move(*d);
+  }
+  if (auto v = env("DEVRT_SERVE_IN_PLACE")) {
+    auto b = parse_switch(*v);
+    if (!b) {
+      return config_error(fmt::format("DEVRT_SERVE_IN_PLACE={}", *v),
+                          "serving requests in place is switched by 1, true, on, yes or 0, false, off, no");
+    }
+    cfg.serve_in_place = *b;
   }
   return cfg;
 }

@@ -202,17 +202,21 @@ void actor_core::finish_parked() noexcept {
 
 device_actor::device_actor(device_info info, std::unique_ptr<memory::memory_manager> manager,
                            boost::asio::any_io_executor completions, std::shared_ptr<spdlog::logger> log,
-                           std::chrono::microseconds idle_spin)
+                           actor_options options)
     : info_(std::move(info)),
       strand_(boost::asio::make_strand(io_.get_executor())),
       work_(boost::asio::make_work_guard(io_.get_executor())),
       completions_(std::move(completions)),
       log_(log),
-      idle_spin_(idle_spin),
+      idle_spin_(options.idle_spin),
+      serve_in_place_(options.serve_in_place),
       core_(std::make_unique<actor_core>(std::move(manager), std::move(log), info_)),
       poll_timer_(strand_) {
   thread_ = std::thread([this] {
     detail::current_device = this;  // futures of this device refuse to block here (future.hpp)
+    // The device's calls run here: what they need on the thread is set once, for good (on CUDA the
+    // current device, and a capture mode that a client's capture in global mode does not refuse).
+    (void)core_->manager().backing_storage().borrow_thread();
     io_.run();
   });
   SPDLOG_LOGGER_INFO(log_, "[{}] memory actor started: {}", info_.name, core_->manager().report());
@@ -224,10 +228,47 @@ void device_actor::post(message m) {
   switch (mailbox_.push(m)) {
     case mailbox::push_result::queued: return;
     case mailbox::push_result::schedule_drain: schedule_drain(); return;
-    case mailbox::push_result::closed:
-      m.abort(error::make(errc::shutdown, "the device actor has stopped; no further memory messages are served"));
-      return;
+    case mailbox::push_result::closed: m.abort(stopped_error()); return;
   }
+}
+
+void device_actor::run_or_post(message m) {
+  if (!serve_in_place_) {
+    post(std::move(m));
+    return;
+  }
+  switch (mailbox_.claim_or_push(m)) {
+    case mailbox::claim_result::queued: return;
+    case mailbox::claim_result::closed: m.abort(stopped_error()); return;
+    case mailbox::claim_result::claimed: break;
+  }
+  bool keep = false;
+  {
+    // The device's calls run on this thread now: it is the device's thread for the futures'
+    // deadlock check, and the storage sets what its calls need (and puts back what was there).
+    const void* outer = std::exchange(detail::current_device, this);
+    memory::storage& store = core_->manager().backing_storage();
+    const std::uint64_t saved = store.borrow_thread();
+    try {
+      m.run(*core_);
+    } catch (...) {
+      // Messages complete their own errors; nothing may escape.
+    }
+    processed_.store(processed_.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
+    after_batch(/*in_place=*/true);
+    // Work parked on events is polled by the device thread, and the driver calls of queued
+    // deallocations are made there too, after this caller has its answer.
+    keep = core_->parked() || core_->manager().deallocations_queued();
+    store.return_thread(saved);
+    detail::current_device = outer;
+  }
+  served_in_place_.fetch_add(1, std::memory_order_relaxed);
+  // What others queued meanwhile goes to the device thread.
+  if (mailbox_.release(keep)) schedule_drain();
+}
+
+error device_actor::stopped_error() {
+  return error::make(errc::shutdown, "the device actor has stopped; no further memory messages are served");
 }
 
 void device_actor::schedule_drain() {
@@ -244,9 +285,13 @@ void device_actor::drain() {
       if (core_ == nullptr) return;
       if (!mailbox_.take(batch_, /*go_idle=*/false)) {
         after_batch();
-        if (!spin_for_messages() && !mailbox_.take(batch_)) {
-          if (core_->parked()) arm_poll();
-          return;  // the mailbox is idle; the next push schedules a drain
+        if (!spin_for_messages()) {
+          // Read before the actor is given up: a caller may run it from then on.
+          const bool parked = core_->parked();
+          if (!mailbox_.take(batch_)) {
+            if (parked) arm_poll();
+            return;  // the mailbox is idle; the next push schedules a drain or runs in place
+          }
         }
       }
     }
@@ -256,7 +301,7 @@ void device_actor::drain() {
     } catch (...) {
       // Messages complete their own errors; nothing may escape the strand.
     }
-    // Only this strand writes the count: a plain store, no locked instruction per message.
+    // Only the actor's runner writes the count: a plain store, no locked instruction per message.
     processed_.store(processed_.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
     --budget;
   }
@@ -271,6 +316,11 @@ void device_actor::arm_poll() {
   poll_timer_.async_wait([self = shared_from_this()](const boost::system::error_code& ec) {
     self->poll_armed_ = false;
     if (ec || self->core_ == nullptr) return;
+    const mailbox::owner before = self->mailbox_.claim_for_device();
+    if (before == mailbox::owner::caller) {
+      // A caller runs the actor now; it hands the actor to this thread if work is still parked.
+      return;
+    }
     if (self->core_->poll_parked()) {
       self->poll_delay_ = std::min(self->poll_delay_ * 2, std::chrono::microseconds(1000));
       self->arm_poll();
@@ -278,6 +328,9 @@ void device_actor::arm_poll() {
       self->poll_delay_ = std::chrono::microseconds(20);
     }
     self->after_batch();
+    if (before == mailbox::owner::device) return;  // the drain already scheduled gives the actor up
+    // Give the actor up again, or serve what was queued meanwhile.
+    if (self->mailbox_.take(self->batch_)) self->drain();
   });
 }
 
@@ -298,13 +351,13 @@ bool device_actor::spin_for_messages() {
   return taken;
 }
 
-void device_actor::after_batch() {
+void device_actor::after_batch(bool in_place) {
   if (core_ == nullptr) return;
   if (core_->parked()) core_->poll_parked();
   // Queued deallocations reach the driver after the batch's requests were served, never in
-  // front of them.
+  // front of them, and from the device thread only (a caller serving in place leaves them).
   // Streams are fenced and what their fences allow is freed, without waiting for the device.
-  if (auto r = core_->manager().end_batch(); !r) {
+  if (auto r = core_->manager().end_batch(/*push_deallocations=*/!in_place); !r) {
     SPDLOG_LOGGER_INFO(log_, "[{}] end of batch: {}", info_.name, r.err().message());
   }
   core_->run_fence_waiters();
@@ -315,6 +368,8 @@ void device_actor::shutdown() noexcept {
   const error stop = error::make(errc::shutdown, "the runtime shut down before the request was served");
   for (auto& m : mailbox_.close()) m.abort(stop);
   boost::asio::post(strand_, [this, stop] {
+    // A caller that runs a message in place finishes it first; none starts after the close.
+    while (mailbox_.claim_for_device() == mailbox::owner::caller) std::this_thread::yield();
     for (; next_ < batch_.size(); ++next_) batch_[next_].abort(stop);
     batch_.clear();
     next_ = 0;

@@ -21,6 +21,7 @@ result<runtime_config> resolve_config(const runtime_options& opts) {
   if (!cfg) return cfg;
   if (opts.persistent_memory) cfg->persistent_memory = *opts.persistent_memory;
   if (opts.log) cfg->log = *opts.log;
+  if (opts.serve_in_place) cfg->serve_in_place = *opts.serve_in_place;
   return cfg;
 }
 
@@ -119,7 +120,7 @@ std::shared_ptr<device_actor> runtime::make_actor(device_info info, memory::stor
   opts.reclaim_on_out_of_memory = true;  // one reclaim and one retry before a reserve fails
   auto manager = std::make_unique<memory::memory_manager>(std::move(store), std::move(opts));
   return std::make_shared<device_actor>(std::move(info), std::move(manager), completions_->get_executor(), log_,
-                                        idle_spin_);
+                                        actor_options{idle_spin_, config_.serve_in_place});
 }
 
 void runtime::shutdown() noexcept {

@@ -764,3 +764,78 @@ TEST(CudaStreams, ReadsCompleteFromEventsWithTheKernelsBytes) {
   cudaFree(copy);
   gpu.retire_stream(stream::native(a.s)).get();
 }
+
+// A request that finds the device idle is served on the calling thread. A thread that captures
+// its own stream into a graph (in either capture mode) reserves memory for the graph: the reserve
+// maps memory there, in place, without breaking the capture or leaving an error behind, and the
+// thread's capture mode is what it was. In global mode neither may another thread's request (also
+// served in place) nor the device thread's own work. Memory for the capturing stream itself is
+// refused with capture_active (CUDA names a stream only outside a capture), and the capture lives.
+TEST(CudaStreams, AThreadCapturingItsOwnStreamReservesInPlaceAndTheGraphRuns) {
+  DEVRT_REQUIRE_GPU();
+  for (const cudaStreamCaptureMode mode : {cudaStreamCaptureModeThreadLocal, cudaStreamCaptureModeGlobal}) {
+    SCOPED_TRACE(mode == cudaStreamCaptureModeGlobal ? "global capture" : "thread-local capture");
+    runtime_options o = gpu_options();
+    o.idle_spin = std::chrono::microseconds(0);  // the device thread sleeps as soon as it is idle
+    devrt::runtime::runtime rt(o);
+    auto gpu = rt.cuda(0);
+    (void)gpu.reserve(4096).get();
+    user_stream busy;
+    test_kernels::spin(20'000, busy.s);  // the GPU is busy on another stream throughout
+    user_stream s;
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    cudaStreamCaptureMode thread_mode = mode;
+    ASSERT_EQ(cudaThreadExchangeStreamCaptureMode(&thread_mode), cudaSuccess);
+    const cudaStreamCaptureMode outer_mode = thread_mode;
+    ASSERT_EQ(cudaStreamBeginCapture(s.s, mode), cudaSuccess);
+    try {
+      (void)gpu.reserve(1 << 20, stream::native(s.s)).get();
+      ADD_FAILURE() << "a reserve for a capturing stream was served";
+    } catch (const boost::system::system_error& e) {
+      EXPECT_EQ(e.code(), errc::capture_active) << e.what();
+      EXPECT_NE(std::string(e.what()).find("capturing a CUDA graph"), std::string::npos) << e.what();
+    }
+    const auto in_place = gpu.actor()->served_in_place();
+    constexpr std::uint64_t bytes = 6 << 20;  // new memory: the reserve maps
+    memory_handle h = gpu.reserve(bytes).get();
+    EXPECT_GT(gpu.actor()->served_in_place(), in_place) << "the reserve was not served in place: nothing new checked";
+    memory_handle other;
+    if (mode == cudaStreamCaptureModeGlobal) {
+      // Another thread's request, and work on the device thread (a free it makes, a function it
+      // runs, the end of its batch).
+      std::thread([&] { other = gpu.reserve(10 << 20).get(); }).join();
+      other.reset();
+      (void)gpu.submit({}, [](submit_context&) {}).get();
+      std::thread([&] { other = gpu.reserve(12 << 20).get(); }).join();
+    }
+    cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+    EXPECT_EQ(cudaStreamIsCapturing(s.s, &status), cudaSuccess);
+    EXPECT_EQ(status, cudaStreamCaptureStatusActive) << "the reserve broke the capture";
+    cudaStreamCaptureMode now = cudaStreamCaptureModeRelaxed;
+    ASSERT_EQ(cudaThreadExchangeStreamCaptureMode(&now), cudaSuccess);
+    EXPECT_EQ(now, mode) << "the thread's capture mode was not put back";
+    ASSERT_EQ(cudaThreadExchangeStreamCaptureMode(&now), cudaSuccess);
+    int device = -1;
+    EXPECT_EQ(cudaGetDevice(&device), cudaSuccess);
+    EXPECT_EQ(device, 0);
+    test_kernels::fill_pattern(h.ptr(), bytes, 21, s.s);
+    cudaGraph_t graph = nullptr;
+    ASSERT_EQ(cudaStreamEndCapture(s.s, &graph), cudaSuccess);
+    ASSERT_NE(graph, nullptr);
+    cudaGraphExec_t exec = nullptr;
+    ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
+    ASSERT_EQ(cudaGraphLaunch(exec, s.s), cudaSuccess);
+    mismatch_counter bad;
+    test_kernels::check_pattern(h.ptr(), bytes, 21, bad.d, s.s);
+    EXPECT_EQ(cudaStreamSynchronize(s.s), cudaSuccess);
+    EXPECT_EQ(bad.value(), 0u) << "the graph did not write the memory reserved during its capture";
+    EXPECT_EQ(cudaGetLastError(), cudaSuccess);
+    cudaGraphExecDestroy(exec);
+    cudaGraphDestroy(graph);
+    thread_mode = outer_mode;
+    ASSERT_EQ(cudaThreadExchangeStreamCaptureMode(&thread_mode), cudaSuccess);
+    h.reset();
+    other.reset();
+    EXPECT_EQ(gpu.check_invariants().get(), "");
+  }
+}

@@ -107,6 +107,7 @@ TEST(ConfigText, EachMalformedLineIsRefusedNamingFileAndLine) {
       {"log_level = basic\nlayout = exclusive-pages\n", 2, "set them with configure()"},
       {"= enabled\n", 1, "unknown setting"},
       {"persistent_memory = \n", 1, "persistent_memory is one of"},
+      {"serve_in_place = sometimes\n", 1, "serve_in_place is true or false"},
   };
   for (const auto& c : cases) {
     SCOPED_TRACE(c.text);
@@ -117,6 +118,22 @@ TEST(ConfigText, EachMalformedLineIsRefusedNamingFileAndLine) {
     const std::string m = r.err().message();
     EXPECT_TRUE(contains(m, "/etc/devrt.conf:" + std::to_string(c.line) + ":")) << m;
     EXPECT_TRUE(contains(m, c.needle)) << m;
+  }
+}
+
+TEST(ConfigText, ServeInPlaceIsASwitch) {
+  runtime_config cfg;
+  EXPECT_TRUE(cfg.serve_in_place) << "requests are served in place by default";
+  ASSERT_TRUE(apply_config_text(cfg, "serve_in_place = false\n", "x"));
+  EXPECT_FALSE(cfg.serve_in_place);
+  ASSERT_TRUE(apply_config_text(cfg, "serve_in_place = ON\n", "x"));
+  EXPECT_TRUE(cfg.serve_in_place);
+  for (const char* yes : {"1", "true", " On ", "YES"}) EXPECT_TRUE(devrt::runtime::parse_switch(yes).value()) << yes;
+  for (const char* no : {"0", "False", "off", "no"}) EXPECT_FALSE(devrt::runtime::parse_switch(no).value()) << no;
+  for (const char* bad : {"", "2", "enabled", "truth"}) {
+    auto r = devrt::runtime::parse_switch(bad);
+    ASSERT_FALSE(r) << bad;
+    EXPECT_EQ(r.code(), errc::malformed_config);
   }
 }
 
@@ -184,6 +201,13 @@ TEST(ConfigLoad, BadEnvironmentValuesNameTheVariable) {
   ASSERT_FALSE(b);
   EXPECT_EQ(b.code(), errc::malformed_config);
   EXPECT_TRUE(contains(b.err().message(), "DEVRT_PERSISTENT_MEMORY=always")) << b.err().message();
+  auto c = load_config(std::nullopt, fake_env({{"DEVRT_SERVE_IN_PLACE", "maybe"}}));
+  ASSERT_FALSE(c);
+  EXPECT_EQ(c.code(), errc::malformed_config);
+  EXPECT_TRUE(contains(c.err().message(), "DEVRT_SERVE_IN_PLACE=maybe")) << c.err().message();
+  auto d = load_config(std::nullopt, fake_env({{"DEVRT_SERVE_IN_PLACE", "0"}}));
+  ASSERT_TRUE(d) << d.err().message();
+  EXPECT_FALSE(d->serve_in_place);
 }
 
 TEST(ConfigLoad, DevrtConfigNamesTheFileAndTheEnvironmentWins) {

@@ -170,26 +170,36 @@ TEST(DefaultFuture, AResultThatTakesLongerThanThePollingStillArrives) {
 }
 
 // Requests a millisecond apart: a device thread that polls for longer serves them all in the drain
-// it is in; one that sleeps when idle needs a new drain (a strand post and a wake-up) for each.
-std::uint64_t drains_for_spaced_requests(std::chrono::microseconds idle_spin, int requests) {
+// it is in; one that sleeps when idle is not woken at all: each request finds the actor idle and is
+// served in place by its caller.
+struct spaced_requests {
+  std::uint64_t drains;
+  std::uint64_t in_place;
+};
+
+spaced_requests serve_spaced_requests(std::chrono::microseconds idle_spin, int requests) {
   runtime rt(with_spin(idle_spin));
   auto c = rt.host();
-  (void)c.reserve(4096).get();
-  const auto before = c.actor()->drains();
+  // A function of the caller's runs on the device thread, which then polls for idle_spin.
+  c.submit({}, [](devrt::runtime::submit_context&) {}).get();
+  const auto drains = c.actor()->drains();
+  const auto in_place = c.actor()->served_in_place();
   for (int i = 0; i < requests; ++i) {
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
     (void)c.reserve(4096).get();
   }
-  return c.actor()->drains() - before;
+  return {c.actor()->drains() - drains, c.actor()->served_in_place() - in_place};
 }
 
 TEST(IdleSpin, ADeviceThreadThatPollsServesSpacedRequestsWithoutNewDrains) {
   constexpr int requests = 40;
-  const auto polling = drains_for_spaced_requests(std::chrono::milliseconds(500), requests);
-  const auto sleeping = drains_for_spaced_requests(std::chrono::microseconds(0), requests);
-  EXPECT_LE(polling, 4u) << "the device thread stopped polling within its idle spin";
-  EXPECT_GE(sleeping, static_cast<std::uint64_t>(requests) * 9 / 10)
-      << "a device thread with idle_spin 0 kept running between requests a millisecond apart";
+  const auto polling = serve_spaced_requests(std::chrono::milliseconds(500), requests);
+  const auto sleeping = serve_spaced_requests(std::chrono::microseconds(0), requests);
+  EXPECT_LE(polling.drains, 4u) << "the device thread stopped polling within its idle spin";
+  EXPECT_LE(polling.in_place, 4u) << "requests were served in place while the device thread polled for them";
+  EXPECT_GE(sleeping.in_place, static_cast<std::uint64_t>(requests) * 9 / 10)
+      << "requests to an idle actor were not served by their callers";
+  EXPECT_LE(sleeping.drains, 4u) << "a sleeping device thread was woken for requests its callers could serve";
 }
 
 TEST(IdleSpin, AShutdownEndsThePollingAtOnce) {

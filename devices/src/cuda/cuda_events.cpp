@@ -119,7 +119,12 @@ result<bool> event_table::query(memory::event e) {
   slot* s = find(e);
   if (s == nullptr) return true;
   const cudaError_t q = cudaEventQuery(s->event);
-  if (q == cudaErrorNotReady) return false;
+  if (q == cudaErrorNotReady) {
+    // Not an error, but cleared as one: the query may run on a client's thread (a request served
+    // in place), whose next launch check must not see it.
+    (void)cudaGetLastError();
+    return false;
+  }
   finish(*s, q == cudaSuccess);
   if (q != cudaSuccess) return cuda_error(q, "cudaEventQuery failed");
   return true;

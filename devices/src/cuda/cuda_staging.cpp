@@ -75,6 +75,7 @@ void staging_pool::give_after(event_table& events, cudaEvent_t ev, staging_buffe
 void staging_pool::recycle(event_table& events) noexcept {
   for (std::size_t i = 0; i < in_flight_.size();) {
     if (cudaEventQuery(in_flight_[i].ev) == cudaErrorNotReady) {
+      (void)cudaGetLastError();  // not an error; a client's thread may run this
       ++i;
       continue;
     }

@@ -86,6 +86,7 @@ result<memory::event> cuda_storage::vmm_driver_impl::behind_device() {
     idle = cudaStreamQuery(as_stream(s_.stream_));
   }
   if (idle == cudaSuccess) return memory::event{0};
+  if (idle == cudaErrorNotReady) (void)cudaGetLastError();  // not an error; a client's thread may run this
   if (idle != cudaErrorNotReady) return cuda_detail::cuda_error(idle, "cudaStreamQuery failed");
   return s_.events_->record(as_stream(s_.stream_));
 }

@@ -112,6 +112,12 @@ class cuda_storage {
   /// The stream; also binds the calling thread to the device, so that kernels the caller launches
   /// on the stream go to the right GPU.
   [[nodiscard]] void* native_stream() noexcept;
+  /// The device's calls are about to run on this thread (the device thread, or a client serving a
+  /// request in place): makes this device current on it and relaxes its stream-capture mode, so
+  /// that a capture the client runs on a stream of its own (in any mode) refuses none of the
+  /// device's calls; `return_thread` puts both back.
+  [[nodiscard]] std::uint64_t borrow_thread() noexcept;
+  void return_thread(std::uint64_t saved) noexcept;
   result<void> begin_capture();
   result<std::shared_ptr<memory::recorded_work>> end_capture();
   result<void> synchronize();

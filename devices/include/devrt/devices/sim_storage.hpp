@@ -22,6 +22,7 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <thread>
 #include <unordered_map>
 #include <vector>
 
@@ -170,6 +171,8 @@ class sim_storage {
   void fail_allocation(std::uint64_t n) noexcept { fail_at_ = alloc_calls_ + n; }
   /// Makes the next flush fail with device_error.
   void fail_next_flush() noexcept { fail_flush_ = true; }
+  /// The threads that made flushes with deallocations queued (each once, in order of first use).
+  [[nodiscard]] const std::vector<std::thread::id>& flush_threads() const noexcept { return flush_threads_; }
   /// Makes the next event record of the owner (record_event) fail with device_error.
   void fail_next_record() noexcept { fail_record_ = true; }
   /// Makes the next free-time record (free_fence::record) fail.
@@ -234,6 +237,7 @@ class sim_storage {
   std::uint64_t frees_ = 0;
   std::optional<std::uint64_t> fail_at_;
   bool fail_flush_ = false;
+  std::vector<std::thread::id> flush_threads_;
   memory::storage_id next_id_ = 1;
   // ---- Streams (under mutex_: free-time fences record from any thread) ----
   struct sim_stream {

@@ -99,8 +99,12 @@ class memory_manager {
   /// frees at once and forgets the stream as soon as its memory is back. Errors: device_error.
   result<void> retire_stream(stream_id q);
   /// End of a batch of requests: processes frees, fences the streams freed on, frees what the
-  /// device has passed, and pushes queued deallocations to the device. Never waits for the device.
-  result<void> end_batch();
+  /// device has passed, and pushes queued deallocations to the device (unless
+  /// `push_deallocations` is false: they stay queued for a later `end_batch` or `flush`). Never
+  /// waits for the device.
+  result<void> end_batch(bool push_deallocations = true);
+  /// Deallocations are queued for the device (driver calls a `flush` would make).
+  [[nodiscard]] bool deallocations_queued() const { return store_.pending_deallocations() != 0; }
   /// Makes the next `end_batch` fence every stream with unfenced frees (by default a stream is
   /// fenced only every `stream_order::fence_after` frees, or when memory is wanted).
   void want_fences() noexcept { order_.want_fences(); }

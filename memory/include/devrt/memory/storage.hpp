@@ -222,6 +222,14 @@ class storage {
   [[nodiscard]] std::size_t unmaps_in_flight() const { return impl_->unmaps_in_flight(); }
   [[nodiscard]] std::string name() const { return impl_->name(); }
 
+  /// The device's calls are about to run on the calling thread (the device thread as it starts, or
+  /// a client serving its request in place): sets what they need on this thread (on CUDA the
+  /// current device, and a stream-capture mode that permits them while a client captures a stream
+  /// in global mode) and returns what `return_thread` puts back. Optional for backends (`borrow_thread() -> uint64_t`,
+  /// `return_thread(uint64_t)`).
+  [[nodiscard]] std::uint64_t borrow_thread() { return impl_->borrow_thread(); }
+  void return_thread(std::uint64_t saved) { impl_->return_thread(saved); }
+
   /// The device's own stream (a cudaStream_t on CUDA devices); nullptr when it has none.
   [[nodiscard]] void* native_stream() { return impl_->native_stream(); }
   /// Starts recording the work enqueued on the device's queue (no-op without a queue).
@@ -288,6 +296,8 @@ class storage {
     [[nodiscard]] virtual std::uint64_t returning() const = 0;
     [[nodiscard]] virtual std::size_t unmaps_in_flight() const = 0;
     [[nodiscard]] virtual std::string name() const = 0;
+    virtual std::uint64_t borrow_thread() = 0;
+    virtual void return_thread(std::uint64_t saved) = 0;
     virtual void* native_stream() = 0;
     virtual result<void> begin_capture() = 0;
     virtual result<std::shared_ptr<recorded_work>> end_capture() = 0;
@@ -343,6 +353,16 @@ class storage {
       }
     }
     [[nodiscard]] std::string name() const override { return backend->name(); }
+    std::uint64_t borrow_thread() override {
+      if constexpr (requires { backend->borrow_thread(); }) {
+        return backend->borrow_thread();
+      } else {
+        return 0;
+      }
+    }
+    void return_thread(std::uint64_t saved) override {
+      if constexpr (requires { backend->return_thread(saved); }) backend->return_thread(saved);
+    }
     void* native_stream() override {
       if constexpr (queued_backend<S>) return backend->native_stream();
       return nullptr;

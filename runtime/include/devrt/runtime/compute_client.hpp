@@ -198,10 +198,14 @@ class compute_client {
   [[nodiscard]] bool valid() const noexcept { return actor_ != nullptr; }
   [[nodiscard]] const std::shared_ptr<device_actor>& actor() const noexcept { return actor_; }
 
-  /// Runs `body(actor_core&) -> result<R>` on the strand and completes the token with its result.
+  /// Where a message may run: in place on the calling thread when the actor is idle (devrt's own
+  /// operations), or only on the device thread (`submit`, which runs the caller's function).
+  enum class placement { in_place_when_idle, device_thread };
+
+  /// Runs `body(actor_core&) -> result<R>` on the actor and completes the token with its result.
   /// The building block of every operation below.
   template <class R, class Token, class Body>
-  auto async_run(Body&& body, Token&& token) const {
+  auto async_run(Body&& body, Token&& token, placement where = placement::in_place_when_idle) const {
     return async_run_raw<R>(
         [b = std::optional<std::decay_t<Body>>(std::forward<Body>(body))](actor_core& core, auto finish) mutable {
           // What the body holds (bindings) goes before the caller hears back: a binding that is
@@ -209,21 +213,29 @@ class compute_client {
           // stream destroyed after the call returns was not yet destroyed at the free).
           finish(detail::invoke_body<R>(*b, core, [&b] { b.reset(); }));
         },
-        std::forward<Token>(token));
+        std::forward<Token>(token), where);
   }
 
   /// Like `async_run`, for bodies that complete later: `body(actor_core&, finish)` calls
-  /// `finish(result<R>)` exactly once, on the strand, now or from work parked on an event.
+  /// `finish(result<R>)` exactly once, by the actor, now or from work parked on an event.
   template <class R, class Token, class Body>
-  auto async_run_raw(Body&& body, Token&& token) const {
+  auto async_run_raw(Body&& body, Token&& token, placement where = placement::in_place_when_idle) const {
     (void)require();
     return boost::asio::async_initiate<Token, typename detail::signature<R>::type>(
-        [](auto handler, const std::shared_ptr<device_actor>& actor, std::decay_t<Body> b) {
+        [](auto handler, const std::shared_ptr<device_actor>& actor, std::decay_t<Body> b, placement w) {
+          auto send = [&actor, w](message m) {
+            if (w == placement::in_place_when_idle) {
+              actor->run_or_post(std::move(m));
+            } else {
+              actor->post(std::move(m));
+            }
+          };
           if constexpr (detail::is_future_handler_v<decltype(handler)>) {
-            // devrt's future is completed on the strand itself: no executor, no hop. A wait for it
-            // on that strand's own thread fails at once rather than hang (see future.hpp).
+            // devrt's future is completed by the actor itself: no executor, no hop (it may be
+            // ready when this returns, served in place). A wait for it on the device's own thread
+            // fails at once rather than hang (see future.hpp).
             handler.completed_by(actor.get());
-            actor->post(message([h = std::move(handler), b = std::move(b)](actor_core* core, const error* e) mutable {
+            send(message([h = std::move(handler), b = std::move(b)](actor_core* core, const error* e) mutable {
               auto finish = [h = std::move(h)](result<R> r) mutable { detail::complete_now<R>(h, std::move(r)); };
               if (core == nullptr) {
                 finish(result<R>(*e));
@@ -233,12 +245,13 @@ class compute_client {
             }));
             return;
           }
+          // Other tokens complete through their executor, never inside the actor's run.
           auto ex = boost::asio::get_associated_executor(handler, actor->completion_executor());
           auto work = boost::asio::prefer(ex, boost::asio::execution::outstanding_work.tracked);
-          actor->post(message([h = std::move(handler), b = std::move(b), w = std::move(work)](actor_core* core,
-                                                                                              const error* e) mutable {
-            auto finish = [h = std::move(h), w = std::move(w)](result<R> r) mutable {
-              detail::complete<R>(h, w, std::move(r));
+          send(message([h = std::move(handler), b = std::move(b), wk = std::move(work)](actor_core* core,
+                                                                                        const error* e) mutable {
+            auto finish = [h = std::move(h), wk = std::move(wk)](result<R> r) mutable {
+              detail::complete<R>(h, wk, std::move(r));
             };
             if (core == nullptr) {
               finish(result<R>(*e));
@@ -247,7 +260,7 @@ class compute_client {
             }
           }));
         },
-        token, actor_, std::forward<Body>(body));
+        token, actor_, std::forward<Body>(body), where);
   }
 
   /// Completes the token with an error without visiting the strand (validation on the caller's
@@ -323,7 +336,7 @@ class compute_client {
   [[nodiscard]] memory_handle create(std::uint64_t size, memory::stream s = {}) const {
     const auto& actor = require();
     memory_handle h = memory_handle::make();
-    actor->post(message([size, h, q = s.id()](actor_core* core, const error*) {
+    actor->run_or_post(message([size, h, q = s.id()](actor_core* core, const error*) {
       if (core != nullptr) core->create(size, h, q);
     }));
     return h;
@@ -405,9 +418,10 @@ class compute_client {
         std::forward<Token>(token));
   }
 
-  /// Runs `fn(submit_context&)` on the device strand with the bindings resolved to resources, and
-  /// completes with its return value (which must be default-constructible, or void). An exception
-  /// from `fn` completes the operation with errc::task_failed.
+  /// Runs `fn(submit_context&)` on the device thread (never in place on the caller's) with the
+  /// bindings resolved to resources, and completes with its return value (which must be
+  /// default-constructible, or void). An exception from `fn` completes the operation with
+  /// errc::task_failed.
   template <class F, class Token = default_token>
   auto submit(std::vector<memory_binding> bindings, F fn, Token&& token = {}) const {
     using R = std::invoke_result_t<F&, submit_context&>;
@@ -430,7 +444,7 @@ class compute_client {
             return f(ctx);
           }
         },
-        std::forward<Token>(token));
+        std::forward<Token>(token), placement::device_thread);
   }
 
   /// Explicit cleanup: returns unused pages to the device and flushes.
@@ -499,7 +513,9 @@ class compute_client {
   /// graph instead of running.
   template <class Token = default_token>
   auto capture_begin(Token&& token = {}) const {
-    return async_run<void>([](actor_core& c) { return c.capture_begin(); }, std::forward<Token>(token));
+    // On the device thread always: CUDA ends a capture only on the thread that began it.
+    return async_run<void>([](actor_core& c) { return c.capture_begin(); }, std::forward<Token>(token),
+                           placement::device_thread);
   }
 
   /// Closes the capture window. The graph pins exactly the persistent memory the window touched
@@ -512,7 +528,7 @@ class compute_client {
           if (!r) return std::move(r).err();
           return device_graph(actor, std::move(r->first), std::move(r->second));
         },
-        std::forward<Token>(token));
+        std::forward<Token>(token), placement::device_thread);  // where the capture began
   }
 
   /// Enqueues one replay of a captured graph on the device's queue.
@@ -580,7 +596,7 @@ class compute_client {
 class persistent_scope {
  public:
   explicit persistent_scope(std::shared_ptr<device_actor> actor) : actor_(std::move(actor)) {
-    actor_->post(message([](actor_core* c, const error*) {
+    actor_->run_or_post(message([](actor_core* c, const error*) {
       if (c != nullptr) c->enter_persistent();
     }));
   }
@@ -590,7 +606,7 @@ class persistent_scope {
   persistent_scope& operator=(const persistent_scope&) = delete;
   ~persistent_scope() {
     if (actor_ == nullptr) return;
-    actor_->post(message([](actor_core* c, const error*) {
+    actor_->run_or_post(message([](actor_core* c, const error*) {
       if (c != nullptr) c->exit_persistent();
     }));
   }

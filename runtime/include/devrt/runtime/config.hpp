@@ -36,7 +36,13 @@ struct runtime_config {
   log_level log = log_level::disabled;
   /// The CUDA devices to use (indices as the CUDA runtime numbers them); nullopt: every one.
   std::optional<std::vector<int>> cuda_devices;
+  /// A request that finds its device's actor idle runs on the calling thread, so that nothing is
+  /// woken (device_actor::run_or_post); false sends every request to the device thread.
+  bool serve_in_place = true;
 };
+
+/// Reads a switch: 1, true, on, yes or 0, false, off, no (any case). Error malformed_config.
+result<bool> parse_switch(std::string_view text);
 
 /// Applies the settings of a config file's text to `cfg`. `origin` names the file in errors.
 /// Error malformed_config naming the line.

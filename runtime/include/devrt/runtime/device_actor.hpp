@@ -1,9 +1,13 @@
-// The memory actor of one device: a Boost.Asio strand on a thread of its own that owns the
-// device's memory manager and serializes every memory message.
+// The memory actor of one device: it owns the device's memory manager and serializes every
+// memory message. Its messages run on a Boost.Asio strand on a thread of its own, or, when a
+// request finds the actor idle, on the requesting thread itself, in place (`run_or_post`): a
+// device thread that has gone to sleep is then not woken, and the request costs what it costs in
+// a tight loop.
 //
-// Ownership: `actor_core` (the manager and the actor's bookkeeping) is touched only by messages
-// running on the strand. `device_actor` is shared by the runtime and every client of the device;
-// `post` is safe from any thread.
+// Ownership: `actor_core` (the manager and the actor's bookkeeping) is touched only by the
+// actor's runner, which the mailbox names (mailbox.hpp: the device thread's strand, or one caller
+// at a time). `device_actor` is shared by the runtime and every client of the device; `post` and
+// `run_or_post` are safe from any thread.
 #pragma once
 
 #include <atomic>
@@ -42,7 +46,8 @@ struct device_info {
   memory::device_properties properties;
 };
 
-/// The state a device strand owns. Every member is called on the strand only.
+/// The state a device actor owns. Every member is called by the actor's runner only (the strand,
+/// or a caller serving a message in place).
 class actor_core {
  public:
   actor_core(std::unique_ptr<memory::memory_manager> manager, std::shared_ptr<spdlog::logger> log, device_info info);
@@ -112,21 +117,36 @@ class actor_core {
   std::vector<message> fence_waiters_;
 };
 
+/// How a device actor serves its messages.
+struct actor_options {
+  /// How long the device thread, out of messages, keeps polling the mailbox before it sleeps
+  /// (0: it sleeps at once).
+  std::chrono::microseconds idle_spin{0};
+  /// Whether `run_or_post` may run a message on the calling thread when the actor is idle; when
+  /// false it always posts.
+  bool serve_in_place = true;
+};
+
 class device_actor : public std::enable_shared_from_this<device_actor> {
  public:
   /// Starts the device thread. `completions` runs completion handlers that have no executor of
-  /// their own. `idle_spin`: how long the device thread, out of messages, keeps polling the
-  /// mailbox before it sleeps (0: sleeps at once).
+  /// their own.
   device_actor(device_info info, std::unique_ptr<memory::memory_manager> manager,
                boost::asio::any_io_executor completions, std::shared_ptr<spdlog::logger> log,
-               std::chrono::microseconds idle_spin = std::chrono::microseconds(0));
+               actor_options options = {});
   device_actor(const device_actor&) = delete;
   device_actor& operator=(const device_actor&) = delete;
   ~device_actor();
 
-  /// Queues a message for the strand; after shutdown the message is completed with a shutdown
-  /// error instead. Thread-safe.
+  /// Queues a message for the device thread; after shutdown the message is completed with a
+  /// shutdown error instead. Thread-safe.
   void post(message m);
+  /// Runs the message here and now when nobody runs the actor (the device thread asleep or gone
+  /// idle), else queues it as `post` does. Serving in place is what lets a request that finds the
+  /// device idle return without waking the device thread; the actor still runs one message at a
+  /// time. For devrt's own messages only: a message that runs the caller's code (submit) is
+  /// posted, so that it runs on the device thread as documented. Thread-safe.
+  void run_or_post(message m);
 
   /// Completes every queued message with a shutdown error, destroys the memory manager on the
   /// strand and joins the device thread. Idempotent. Must not be called from the device thread.
@@ -136,17 +156,24 @@ class device_actor : public std::enable_shared_from_this<device_actor> {
   /// Where completions without an executor of their own run: the runtime's completion threads.
   [[nodiscard]] const boost::asio::any_io_executor& completion_executor() const noexcept { return completions_; }
 
-  /// Messages processed and drains run (for tests and benchmarks).
+  /// Messages processed, drains run on the device thread, and messages served in place by their
+  /// callers (for tests and benchmarks).
   [[nodiscard]] std::uint64_t messages_processed() const noexcept { return processed_.load(std::memory_order_relaxed); }
   [[nodiscard]] std::uint64_t drains() const noexcept { return drains_.load(std::memory_order_relaxed); }
+  [[nodiscard]] std::uint64_t served_in_place() const noexcept {
+    return served_in_place_.load(std::memory_order_relaxed);
+  }
 
   /// Most messages one drain runs before it yields the strand and reschedules itself.
   static constexpr std::size_t drain_budget = 1024;
 
  private:
+  static error stopped_error();
   void schedule_drain();
   void drain();
-  void after_batch();
+  /// The end of a batch (`in_place`: of a message a caller served; the driver calls of queued
+  /// deallocations are then left to the device thread).
+  void after_batch(bool in_place = false);
   /// Polls the mailbox for up to idle_spin_; true when messages were taken into batch_.
   bool spin_for_messages();
   /// While work is parked on events, checks them again after a short while (backing off up to a
@@ -160,13 +187,17 @@ class device_actor : public std::enable_shared_from_this<device_actor> {
   boost::asio::any_io_executor completions_;
   std::shared_ptr<spdlog::logger> log_;
   std::chrono::microseconds idle_spin_;
+  const bool serve_in_place_;
   mailbox mailbox_;
-  // Strand-only state.
+  // The actor's state: touched only by its runner, the one `mailbox_` names (the device thread's
+  // strand or a caller serving a message in place).
   std::unique_ptr<actor_core> core_;
+  // Strand-only state.
   std::vector<message> batch_;
   std::size_t next_ = 0;
   std::atomic<std::uint64_t> processed_{0};
   std::atomic<std::uint64_t> drains_{0};
+  std::atomic<std::uint64_t> served_in_place_{0};
   std::atomic<bool> stopped_{false};
   boost::asio::steady_timer poll_timer_;
   bool poll_armed_ = false;

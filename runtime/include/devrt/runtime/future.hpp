@@ -5,8 +5,10 @@
 // thread asleep in the kernel takes several microseconds to be woken (more on servers whose idle
 // cores sleep deeply). So `get()` and the waits poll the result for up to `future_spin` (yielding
 // the core between polls after the first 8 µs, so that threads outnumbering cores still make
-// progress) and only then block. The device thread completes the future directly: one atomic
-// exchange, and a wake-up only when the client already sleeps.
+// progress) and only then block. Whoever runs the message completes the future directly: one
+// atomic exchange, and a wake-up only when the client already sleeps. A request that finds the
+// device idle is served on the calling thread before the call returns (device_actor::run_or_post),
+// so its future is ready at once and `get()` neither polls nor sleeps.
 //
 // It behaves as a std::future (valid, get, wait, wait_for, wait_until; get throws
 // devrt::runtime::system_error, a boost::system::system_error holding devrt's error with its
@@ -50,8 +52,9 @@ inline constexpr std::chrono::microseconds future_spin{20};
 
 namespace detail {
 
-/// The device whose thread is the calling thread (set by the device thread when it starts), else
-/// nullptr. Identifies the device only; never dereferenced.
+/// The device whose actor the calling thread runs now: set by the device thread when it starts,
+/// and by a client thread while it serves a message in place; else nullptr. Identifies the device
+/// only; never dereferenced.
 inline thread_local const void* current_device = nullptr;
 
 /// Blocks while `word` holds `expected`, for at most `timeout` when given (spurious returns
@@ -180,7 +183,8 @@ class future_state {
   std::unique_ptr<std::promise<T>> promise_;
 };
 
-/// The completion handler of a devrt future; the compute client calls it on the device thread.
+/// The completion handler of a devrt future; the compute client calls it where the message runs
+/// (the device thread, or the caller serving it in place).
 template <class T>
 class future_handler {
  public:

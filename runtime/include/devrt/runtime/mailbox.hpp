@@ -1,13 +1,25 @@
-// The mailbox of a device actor: many producer threads, one consumer (the device strand).
+// The mailbox of a device actor: many producer threads, one runner at a time.
+//
+// Who runs the actor is part of the mailbox's state (`owner`), changed under its lock:
+//   none    nobody; nothing is queued.
+//   device  the device thread's strand: a drain is posted or running, and takes what is queued.
+//   caller  a client thread runs its own message in place, because it found the actor idle; what
+//           others queue meanwhile goes to the device thread when it is done.
+//
+//   none --push--> device --drain finds nothing--> none
+//   none --claim--> caller --release, queue empty--> none
+//                         --release, queue not empty--> device
 //
 // Producers push messages; only the producer that finds the mailbox idle asks for a drain (it
 // posts one drain to the strand), so a burst of messages costs one strand post instead of one per
-// message. The consumer takes everything queued with one swap under the lock and runs it outside
-// the lock. Messages hold their completion state inline (no allocation for small handlers).
+// message. The device thread takes everything queued with one swap under the lock and runs it
+// outside the lock. Messages hold their completion state inline (no allocation for small
+// handlers).
 #pragma once
 
 #include <atomic>
 #include <cstddef>
+#include <cstdint>
 #include <mutex>
 #include <new>
 #include <type_traits>
@@ -107,11 +119,14 @@ class message {
   const vtable* vt_ = nullptr;
 };
 
-/// Batching multi-producer, single-consumer queue of messages.
+/// Batching multi-producer queue of messages, and who runs them.
 class mailbox {
  public:
+  /// Who runs the actor now (see the diagram above). Invariant: the queue is empty when `none`.
+  enum class owner : std::uint8_t { none, device, caller };
+
   enum class push_result {
-    queued,          ///< a drain is already scheduled
+    queued,          ///< the device thread or a caller will see it
     schedule_drain,  ///< the mailbox was idle: the caller must schedule a drain
     closed           ///< the mailbox is closed: the message was not queued
   };
@@ -122,17 +137,60 @@ class mailbox {
     if (closed_) return push_result::closed;
     queue_.push_back(std::move(m));
     queued_.store(true, std::memory_order_relaxed);
-    if (scheduled_) return push_result::queued;
-    scheduled_ = true;
+    if (owner_ != owner::none) return push_result::queued;
+    owner_ = owner::device;
     return push_result::schedule_drain;
   }
 
-  /// Takes every queued message into `out` (which must be empty). When nothing was queued,
-  /// returns false and, if `go_idle`, marks the mailbox idle (the next push schedules a drain).
+  enum class claim_result {
+    claimed,  ///< the caller runs `m` now; `m` was not queued
+    queued,   ///< someone else runs the actor: `m` is queued for it
+    closed    ///< the mailbox is closed: `m` was not queued
+  };
+
+  /// When nobody runs the actor, makes the caller its runner (`m` stays with the caller);
+  /// otherwise queues `m` as `push` does.
+  claim_result claim_or_push(message& m) {
+    std::lock_guard guard(lock_);
+    if (closed_) return claim_result::closed;
+    if (owner_ == owner::none) {
+      owner_ = owner::caller;
+      return claim_result::claimed;
+    }
+    queue_.push_back(std::move(m));
+    queued_.store(true, std::memory_order_relaxed);
+    return claim_result::queued;
+  }
+
+  /// Ends a caller's run. True when the device thread must take over (messages were queued
+  /// meanwhile, or `keep` says the actor has work to poll): the caller then schedules a drain.
+  bool release(bool keep) {
+    std::lock_guard guard(lock_);
+    if (!closed_ && (keep || !queue_.empty())) {
+      owner_ = owner::device;
+      return true;
+    }
+    owner_ = owner::none;
+    return false;
+  }
+
+  /// For strand work outside a drain (a timer, the shutdown): makes the device thread the runner
+  /// unless a caller runs the actor now. Returns who ran it before: `caller` means not claimed,
+  /// try again later; `device` means a drain is already scheduled and will give the actor up.
+  owner claim_for_device() {
+    std::lock_guard guard(lock_);
+    const owner before = owner_;
+    if (before != owner::caller) owner_ = owner::device;
+    return before;
+  }
+
+  /// Takes every queued message into `out` (which must be empty); the device thread only. When
+  /// nothing was queued, returns false and, if `go_idle`, gives the actor up (`none`: the next
+  /// push schedules a drain).
   bool take(std::vector<message>& out, bool go_idle = true) {
     std::lock_guard guard(lock_);
     if (queue_.empty()) {
-      if (go_idle) scheduled_ = false;
+      if (go_idle) owner_ = owner::none;
       return false;
     }
     out.swap(queue_);
@@ -155,11 +213,16 @@ class mailbox {
     return closed_;
   }
 
+  [[nodiscard]] owner current_owner() const {
+    std::lock_guard guard(lock_);
+    return owner_;
+  }
+
  private:
   mutable spin_lock lock_;
   std::vector<message> queue_;
   std::atomic<bool> queued_{false};
-  bool scheduled_ = false;
+  owner owner_ = owner::none;
   bool closed_ = false;
 };
 

@@ -63,6 +63,8 @@ struct runtime_options {
   /// Override the configuration's policy or log level.
   std::optional<memory::persistent_policy> persistent_memory;
   std::optional<log_level> log;
+  /// Overrides the configuration's serve_in_place (config.hpp; DEVRT_SERVE_IN_PLACE).
+  std::optional<bool> serve_in_place;
   /// Threads that run completion handlers without an executor of their own. The pool is shared by
   /// every runtime of the process; the first runtime created sizes it.
   std::size_t completion_threads = 2;
