@@ -17,7 +17,13 @@
 #                expandable segments), twice each; builds devrt-torch-baseline there
 #   demo         the main job (devrt_inference_server --device cuda), the examples
 #   bench        devrt_bench_events, devrt_bench_streams and devrt_bench_actor
-#   all          tests tests-lazy memcheck torch replay demo bench
+#   latency      devrt_bench_gap (C and C++, host and cuda:0, requests served in place and not,
+#                three rounds in rotated order) with the idle device's CPU; devrt_bench_actor
+#                beside $B/devrt_bench_actor_base when packed (an earlier build), rotated
+#   torch-bench  tools/torch_bench/workload.py, $TORCH_RUNS (5) runs of each of $TORCH_WORKLOADS
+#                (gpt2_train bert_infer) under PyTorch's allocator, devrt, and devrt with every
+#                request sent to the device thread (DEVRT_SERVE_IN_PLACE=0), the order rotated
+#   all          tests tests-lazy memcheck torch replay demo bench latency
 set -u
 cd "$(dirname "$0")/../.."
 G=$PWD/.gpu
@@ -54,7 +60,7 @@ step_memcheck() {
     for t in $("$B/$bin" --gtest_list_tests | awk '/^[A-Za-z]/{s=$1} /^  /{print s $1}' |
                grep -E '^(CudaStreams|CudaGraph|CudaStorage|CApiStreams|MultiGpu)\.'); do
       # The refused allocation is on purpose: its API error is not one.
-      local api=yes
+      local api=explicit
       [ "$t" = CudaStorage.RefusedAllocationCarriesTheCudaErrorName ] && api=no
       DEVRT_TEST_WATCHDOG=150 run timeout 180 "$CS" --tool memcheck --report-api-errors "$api" --error-exitcode 3 \
         "$B/$bin" --gtest_brief=1 --gtest_filter="$t" || rc=1
@@ -101,13 +107,60 @@ step_bench() {
     --benchmark_min_time=0.2
 }
 
+step_latency() {
+  local rep dev api sip order
+  for rep in 1 2 3; do
+    order="1 0"
+    [ $((rep % 2)) -eq 0 ] && order="0 1"
+    for dev in host cuda; do
+      for api in c cpp; do
+        for sip in $order; do
+          echo "-- serve_in_place=$sip"
+          DEVRT_SERVE_IN_PLACE=$sip run timeout 120 "$B/devrt_bench_gap" --api "$api" --device "$dev" \
+            --gaps 0,5,20,100,1000 --idle-ms 1000
+        done
+      done
+    done
+  done
+  local filter='round_trip/|churn_(reserve|create)/real_time/threads:(1|16)$'
+  for rep in 1 2 3; do
+    order="devrt_bench_actor devrt_bench_actor_base"
+    [ $((rep % 2)) -eq 0 ] && order="devrt_bench_actor_base devrt_bench_actor"
+    for b in $order; do
+      [ -x "$B/$b" ] && run timeout 120 "$B/$b" --benchmark_filter="$filter" --benchmark_min_time=0.2
+    done
+  done
+  return 0
+}
+
+step_torch_bench() {
+  local w r a alloc sip order
+  for w in ${TORCH_WORKLOADS:-gpt2_train bert_infer}; do
+    for r in $(seq 1 "${TORCH_RUNS:-5}"); do
+      case $((r % 3)) in
+        1) order="default devrt devrt-posted" ;;
+        2) order="devrt devrt-posted default" ;;
+        *) order="devrt-posted default devrt" ;;
+      esac
+      for a in $order; do
+        alloc=$a
+        sip=1
+        [ "$a" = devrt-posted ] && alloc=devrt && sip=0
+        DEVRT_SERVE_IN_PLACE=$sip PYTHONPATH=python run timeout 150 python3 tools/torch_bench/workload.py \
+          --workload "$w" --allocator "$alloc" --lib "$G/lib/libdevrt_c.so" --out "$OUT/torch_${w}_${a}_$r.json"
+      done
+    done
+  done
+  return 0
+}
+
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null || true
 steps=("$@")
 if [ ${#steps[@]} -eq 0 ]; then
   sed -n '2,22p' "$0"
   exit 2
 fi
-[ "${steps[0]}" = all ] && steps=(tests tests-lazy memcheck torch replay demo bench)
+[ "${steps[0]}" = all ] && steps=(tests tests-lazy memcheck torch replay demo bench latency)
 status=0
 for s in "${steps[@]}"; do
   f="step_${s//-/_}"
@@ -118,7 +171,7 @@ for s in "${steps[@]}"; do
   fi
   echo "==== step $s"
   "$f" > "$OUT/$s.log" 2>&1 || status=1
-  grep -E '^== |PASSED|FAILED|ERROR SUMMARY|watchdog|crash|^\[ (g1|g4|t1|record|blocked|streams|devices|cuda) ' "$OUT/$s.log" |
+  grep -E '^== |^-- |^\| |^idle|^devrt_bench_gap|^(round_trip|churn_)|PASSED|FAILED|ERROR SUMMARY|watchdog|crash|; wall |^\[ (g1|g4|t1|record|blocked|streams|devices|cuda) ' "$OUT/$s.log" |
     grep -v '^== thread' | head -300
 done
 exit $status
