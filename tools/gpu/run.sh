@@ -20,7 +20,7 @@
 #   latency      devrt_bench_gap (C and C++, host and cuda:0, requests served in place and not,
 #                three rounds in rotated order) with the idle device's CPU; devrt_bench_actor
 #                beside $B/devrt_bench_actor_base when packed (an earlier build), rotated
-#   torch-bench  tools/torch_bench/workload.py, $TORCH_RUNS (5) runs of each of $TORCH_WORKLOADS
+#   torch-bench  tools/torch_bench/workload.py, runs $TORCH_FIRST (1) to $TORCH_RUNS (5) of each of $TORCH_WORKLOADS
 #                (gpt2_train bert_infer) under PyTorch's allocator, devrt, and devrt with every
 #                request sent to the device thread (DEVRT_SERVE_IN_PLACE=0), the order rotated
 #   all          tests tests-lazy memcheck torch replay demo bench latency
@@ -136,7 +136,7 @@ step_latency() {
 step_torch_bench() {
   local w r a alloc sip order
   for w in ${TORCH_WORKLOADS:-gpt2_train bert_infer}; do
-    for r in $(seq 1 "${TORCH_RUNS:-5}"); do
+    for r in $(seq "${TORCH_FIRST:-1}" "${TORCH_RUNS:-5}"); do
       case $((r % 3)) in
         1) order="default devrt devrt-posted" ;;
         2) order="devrt devrt-posted default" ;;
