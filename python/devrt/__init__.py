@@ -106,15 +106,20 @@ def _candidates():
         return  # named explicitly: nothing else is tried
     here = Path(__file__).resolve().parent
     yield here / LIBRARY_NAME
-    repo = here.parent.parent  # python/devrt -> the repository
+    # The repository's build trees, only when this is python/devrt of a source tree: an installed
+    # copy uses its own library and nothing else.
+    repo = here.parent.parent
+    if here.parent.name != "python" or not (repo / "runtime" / "include" / "devrt" / "c_api.h").is_file():
+        return
     for build in ("release", "debug"):
         yield repo / "build" / build / "runtime" / LIBRARY_NAME
         yield repo / "build" / build / LIBRARY_NAME
 
 
 def library_path() -> str:
-    """The path of libdevrt_c.so: ``$DEVRT_LIBRARY``, else next to this package, else the
-    repository's build/release, then build/debug. Raises FileNotFoundError naming what was tried."""
+    """The path of libdevrt_c.so: ``$DEVRT_LIBRARY``, else next to this package (where pip installs
+    it), else, in a source tree only, the repository's build/release, then build/debug. Raises
+    FileNotFoundError naming what was tried."""
     tried = []
     for c in _candidates():
         if c.is_file():
