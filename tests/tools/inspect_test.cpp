@@ -11,9 +11,11 @@
 #include <utility>
 #include <vector>
 
+#include "devrt/devices/host_storage.hpp"
 #include "devrt/devices/sim_storage.hpp"
 #include "devrt/memory/config.hpp"
 #include "devrt/memory/memory_manager.hpp"
+#include "devrt/runtime/runtime.hpp"
 #include "inspect/cli.hpp"
 #include "inspect/inspect.hpp"
 #include "tools/tools_test_util.hpp"
@@ -397,6 +399,60 @@ TEST(InspectLayout, Cuda) {
   EXPECT_EQ(o.code, 1);
   EXPECT_TRUE(contains(o.err, "built without CUDA")) << o.err;
 #endif
+}
+
+// The host device devrt-inspect shows is the one a runtime creates: the same alignment (64, not
+// the 256 the examples ask for or the 512 of devrt-replay's host), pages and mapping unit.
+TEST(InspectLayout, HostIsTheRuntimesHostDevice) {
+  runtime::runtime_options opts;
+  opts.use_cuda = false;
+  opts.use_environment = false;
+  const runtime::runtime rt(opts);
+  const memory::device_properties want = rt.host().device().properties;
+  EXPECT_EQ(want.alignment, devices::host_storage{}.properties().alignment);
+
+  auto devices = devices_of(cli_options{});
+  ASSERT_TRUE(devices.has_value());
+  ASSERT_EQ(devices->size(), 1U);
+  const memory::device_properties& got = devices->front().props;
+  EXPECT_EQ(got.alignment, want.alignment);
+  EXPECT_EQ(got.max_page_size, want.max_page_size);
+  EXPECT_EQ(got.map_granularity, want.map_granularity);
+  EXPECT_EQ(got.capacity, want.capacity);
+
+  const run_output text = run({"--device", "host"});
+  EXPECT_TRUE(contains(text.out, "device   host (host): pages up to " + size_text(want.max_page_size) + ", alignment " +
+                                     size_text(want.alignment) + ", "))
+      << text.out;
+  const run_output json = run({"--device", "host", "--json"});
+  EXPECT_TRUE(contains(json.out, fmt::format("\"alignment\": {},", want.alignment))) << json.out;
+  EXPECT_TRUE(contains(run({"--help"}).out, fmt::format("{}-byte", want.alignment)));
+}
+
+// What an arena does with free memory, as devrt-inspect says it, is what the arena itself reports
+// (memory_manager::report): the default growth policy, grow=0 and a slack.
+TEST(InspectLayout, ArenaFreeMemoryRuleIsTheArenasOwn) {
+  for (const std::string layout : {"arena", "arena:grow=0", "arena:slack=64MiB", "arena:slack=8MiB,grow=0"}) {
+    SCOPED_TRACE(layout);
+    const memory::device_properties props = devices::host_storage{}.properties();
+    auto parsed = memory::parse_layout(layout);
+    ASSERT_TRUE(parsed.has_value());
+    auto pools = memory::resolve_layout(*parsed, props);
+    ASSERT_TRUE(pools.has_value());
+    ASSERT_EQ(pools->size(), 1U);
+    const std::string rule = arena_free_memory_rule(pools->front());
+
+    memory::memory_manager m(memory::storage::make<devices::host_storage>(), memory::manager_options{"host", *parsed});
+    auto h = m.reserve(3 * MiB);
+    ASSERT_TRUE(h.has_value());
+    const std::string report = m.report();
+    EXPECT_TRUE(contains(report, "free memory kept " + rule)) << report;
+
+    const run_output o = run({"--device", "host", "--layout", layout});
+    ASSERT_EQ(o.code, 0) << o.err;
+    EXPECT_TRUE(contains(o.out, "free memory stays mapped " + rule)) << o.out;
+  }
+  EXPECT_EQ(arena_free_memory_rule(memory::pool_options{memory::pool_kind::arena}), "until needed elsewhere");
 }
 
 // ---- Config files ----

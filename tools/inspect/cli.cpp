@@ -435,7 +435,9 @@ int run_config(const cli_options& o, std::ostream& out, const runtime::env_looku
 }  // namespace
 
 std::string usage() {
-  return R"(usage: devrt-inspect [--device D] [--layout L] [--json] [--bytes]
+  const devices::host_options host{};
+  const devices::sim_options sim{};
+  return fmt::format(R"(usage: devrt-inspect [--device D] [--layout L] [--json] [--bytes]
        devrt-inspect [--device D] --check L [--json]
        devrt-inspect --config FILE [--json]
 
@@ -444,8 +446,8 @@ their sizes aligned to the device and the request sizes each one serves.
 
   --device D        host (default), sim, cuda (every GPU) or cuda:N
   --h200            sim: the properties of an NVIDIA H200 (implies --device sim)
-  --page-size S     sim: largest page the layouts may ask for (default 1GiB)
-  --alignment S     sim: alignment of every slice, a power of two (default 512)
+  --page-size S     sim: largest page the layouts may ask for (default {})
+  --alignment S     sim: alignment of every slice, a power of two (default {})
   --capacity S      sim: device memory, 0 for unknown (default 0)
   --layout L        a preset (sub-slices, exclusive-pages) or pools in routing order, such as
                     "sliced:page=64MiB,slice=8MiB,cap=1GiB,period=1000;exclusive:max=1MiB"
@@ -458,10 +460,15 @@ their sizes aligned to the device and the request sizes each one serves.
   --bytes           sizes as numbers of bytes
   --help            this text
 
+The host device is the one a runtime (and the C interface) creates by default: {}-byte
+alignment, pages up to {}, memory mapped in {} (devices::host_options defaults).
+
 Sizes are bytes or binary units: 4096, 64MiB, 1.5GiB.
 Exit codes: 0 done (the layout or file is valid), 1 the layout or file is invalid or the device
 cannot be used, 2 bad usage.
-)";
+)",
+                     layout_size(sim.props.max_page_size), layout_size(sim.props.alignment), host.alignment,
+                     size_text(host.max_page_size), size_text(host.map_granularity));
 }
 
 result<cli_options> parse_args(const std::vector<std::string>& args) {

@@ -119,13 +119,24 @@ pool_description describe_pool(const memory::pool_options& pool) {
       d.max_size = std::min(pool.max_alloc_size, space);
       d.cap = space;
       d.accepts = size_set{{0, d.max_size}};
+      // What happens to free memory, as arena_pool.cpp does it: with `grow` (the default) a reserve
+      // that must map memory first unmaps free mappings, largest first, past the budget; with
+      // grow=0 as many free mappings as it maps, oldest first; a slack unmaps, oldest first, what
+      // is free beyond it as soon as it is freed; an explicit cleanup unmaps every free mapping.
+      std::string when_mapping =
+          pool.grow ? "a reserve that must map memory first unmaps free mappings, largest first, until the memory "
+                      "mapped fits the budget"
+                    : "a reserve that must map memory first unmaps as much free memory elsewhere, oldest first";
+      if (pool.slack) {
+        when_mapping += fmt::format("; free memory beyond {} is unmapped, oldest first, as soon as it is freed",
+                                    memory::format_bytes(*pool.slack));
+      }
       d.note = fmt::format(
           "an arena places every allocation best fit in one address range of {} and maps memory only under live "
-          "allocations, in granules of {} and mappings of at most {}; free memory stays mapped until it is needed "
-          "elsewhere{}",
+          "allocations, in granules of {} and mappings of at most {}; free memory stays mapped {} ({}); an "
+          "explicit cleanup unmaps all of it",
           memory::format_bytes(space), memory::format_bytes(pool.page_size),
-          memory::format_bytes(pool.chunk.value_or(pool.page_size)),
-          pool.slack ? fmt::format(" (at most {} of it)", memory::format_bytes(*pool.slack)) : std::string());
+          memory::format_bytes(pool.chunk.value_or(pool.page_size)), arena_free_memory_rule(pool), when_mapping);
       break;
     }
     default:
@@ -137,6 +148,13 @@ pool_description describe_pool(const memory::pool_options& pool) {
       break;
   }
   return d;
+}
+
+std::string arena_free_memory_rule(const memory::pool_options& pool) {
+  // The order of arena_pool::report: a slack first, then the growth policy.
+  if (pool.slack) return "up to " + memory::format_bytes(*pool.slack);
+  if (pool.grow) return "within 1.04x the peak of live bytes";
+  return "until needed elsewhere";
 }
 
 std::uint64_t largest_request(const memory::device_properties& props) {

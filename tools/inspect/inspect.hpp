@@ -46,6 +46,12 @@ struct pool_description {
 /// How a pool of `kind` is described. Add a case here for a new pool kind.
 pool_description describe_pool(const memory::pool_options& pool);
 
+/// How much free memory an arena pool keeps mapped, in the words of the arena's own report
+/// (`memory_manager::report`, "free memory kept ..."): "up to SLACK" with a slack, "within 1.04x
+/// the peak of live bytes" with the growth policy (the default), "until needed elsewhere" with
+/// `grow=0`.
+std::string arena_free_memory_rule(const memory::pool_options& pool);
+
 /// Largest request the device accepts at all (its capacity when known).
 std::uint64_t largest_request(const memory::device_properties& props);
 
