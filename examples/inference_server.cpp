@@ -598,7 +598,9 @@ int run(const settings& s) {
 
 #ifndef DEVRT_EXAMPLE_CUDA
   if (s.device == device_choice::cuda) {
-    throw usage_error("--device cuda: this build has no CUDA support (no CUDA toolkit when it was configured)");
+    throw usage_error(
+        "--device cuda: this build has no CUDA support (no CUDA toolkit when it was configured); run with --device "
+        "host (host memory) or --device sim (a simulated device)");
   }
 #endif
 
@@ -636,9 +638,22 @@ int run(const settings& s) {
       } else if (s.device == device_choice::automatic) {
         client = runtime.host();
       } else {
+        // Said plainly: on a machine without a driver the CUDA runtime speaks of an insufficient one.
 #ifdef DEVRT_EXAMPLE_CUDA
-        std::fprintf(stderr, "%s: --device cuda: %s\n", program, devices::cuda_unavailable_reason().c_str());
+        const std::string reason = devices::cuda_unavailable_reason();
+        const std::string what =
+            reason.find("cudaErrorInsufficientDriver") != std::string::npos
+                ? "no CUDA GPU or driver was found (the NVIDIA driver is missing, or older than the CUDA runtime this "
+                  "program was built with: cudaErrorInsufficientDriver)"
+            : reason.empty() ? "the CUDA GPUs were left out (DEVRT_CUDA_DEVICES)"
+                             : "no CUDA GPU was found (" + reason + ")";
+#else
+        const std::string what = "this build has no CUDA support";  // refused above already
 #endif
+        std::fprintf(stderr,
+                     "%s: --device cuda: %s; run with --device host (host memory) or --device sim (a simulated "
+                     "device), or without --device to use a GPU when there is one\n",
+                     program, what.c_str());
         return 1;
       }
       break;

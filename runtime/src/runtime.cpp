@@ -179,10 +179,11 @@ compute_client runtime::client(device_kind kind, int index) const {
   };
   if (kind != device_kind::cuda) throw missing("no device of that kind and index; runtime::devices() lists them");
 #ifndef DEVRT_WITH_CUDA
-  throw missing("no such CUDA device: devrt was built without CUDA");
+  throw missing("no such CUDA device: devrt was built without CUDA; use runtime::host() or runtime::sim()");
 #else
   if (index < 0 || index >= cuda_visible_) {
-    throw missing(cuda_visible_ == 0 ? "no such CUDA device: the CUDA runtime shows none (see CUDA_VISIBLE_DEVICES)"
+    throw missing(cuda_visible_ == 0 ? "no such CUDA device: no CUDA GPU or driver was found, or use_cuda is off "
+                                       "(CUDA_VISIBLE_DEVICES applies); use runtime::host() or runtime::sim()"
                                      : "no such CUDA device: the index is past the devices the CUDA runtime shows "
                                        "(CUDA_VISIBLE_DEVICES applies); runtime::devices() lists them");
   }

@@ -107,6 +107,28 @@ std::string table(const std::vector<std::vector<std::string>>& rows) {
   return out;
 }
 
+#if defined(DEVRT_WITH_CUDA)
+/// Why no GPU can be used, in plain words, with the CUDA runtime's error name, and what to do.
+std::string no_gpu_text() {
+  const std::string reason = devices::cuda_unavailable_reason();
+  std::string error_name;
+  if (const std::size_t at = reason.find("returned "); at != std::string::npos) {
+    error_name = reason.substr(at + 9, reason.find(' ', at + 9) - (at + 9));
+  }
+  std::string what;
+  if (error_name == "cudaErrorInsufficientDriver") {
+    what =
+        "no CUDA GPU or driver was found (the NVIDIA driver is missing, or older than the CUDA runtime devrt was "
+        "built with; cudaGetDeviceCount returned cudaErrorInsufficientDriver)";
+  } else if (error_name == "cudaErrorNoDevice" || reason.empty() || reason == "no CUDA device is present") {
+    what = "no CUDA GPU was found (CUDA_VISIBLE_DEVICES applies)";
+  } else {
+    what = "no CUDA GPU can be used (" + reason + ")";
+  }
+  return what + "; use --device host, or --device sim for a simulated device (--h200: an H200's properties)";
+}
+#endif
+
 bool parse_index(std::string_view s, int& out) {
   if (s.empty()) return false;
   const auto [p, ec] = std::from_chars(s.data(), s.data() + s.size(), out);
@@ -587,8 +609,7 @@ result<std::vector<device_entry>> devices_of(const cli_options& o) {
       const int count = devices::cuda_device_count();
       if (count == 0) {
         return device_error(fmt::format("--device {}: {}",
-                                        o.cuda_index ? fmt::format("cuda:{}", *o.cuda_index) : "cuda",
-                                        devices::cuda_unavailable_reason()));
+                                        o.cuda_index ? fmt::format("cuda:{}", *o.cuda_index) : "cuda", no_gpu_text()));
       }
       if (o.cuda_index && *o.cuda_index >= count) {
         return device_error(fmt::format("--device cuda:{}: there is no such GPU ({} found: cuda:0 to cuda:{})",
@@ -608,7 +629,8 @@ result<std::vector<device_entry>> devices_of(const cli_options& o) {
       return out;
 #else
       return device_error(
-          "--device cuda: this devrt-inspect was built without CUDA (no CUDA toolkit was found when devrt was built)");
+          "--device cuda: this devrt-inspect was built without CUDA (no CUDA toolkit was found when devrt was built); "
+          "use --device host, or --device sim for a simulated device (--h200: an H200's properties)");
 #endif
     }
   }
