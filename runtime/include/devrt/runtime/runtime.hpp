@@ -16,7 +16,9 @@
 // handler); every other member is safe from any thread.
 #pragma once
 
+#include <boost/asio/co_spawn.hpp>
 #include <boost/asio/thread_pool.hpp>
+#include <boost/asio/use_awaitable.hpp>
 #include <chrono>
 #include <map>
 #include <memory>
