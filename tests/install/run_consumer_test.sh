@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Installs a devrt build into a scratch prefix, then configures, builds and runs the consumer
-# project (tests/install/consumer) against it with find_package(devrt).
+# project (tests/install/consumer) against it with find_package(devrt), and with it every C++ block
+# of README.md (readme_snippets.sh says how fragments are wrapped): a block that does not compile
+# fails the test, and a block that is a whole program must run and exit 0.
 #
 #   run_consumer_test.sh CMAKE BUILD_DIR CONSUMER_SOURCE WORK_DIR GENERATOR CXX BUILD_TYPE [CXX_FLAGS]
 #
@@ -22,11 +24,47 @@ config=$(find "${prefix}" -name devrtConfig.cmake -print -quit)
 [ -n "${config}" ] || { echo "missing after install: devrtConfig.cmake"; exit 1; }
 echo "package: ${config#"${prefix}"/}"
 
+echo "== the C++ blocks of README.md"
+readme=$(cd "$(dirname "$0")/../.." && pwd)/README.md
+bash "$(dirname "$0")/readme_snippets.sh" "${readme}" "${work}/snippets"
+has_cuda=0
+grep -q 'set(devrt_HAS_CUDA ON)' "${config}" && has_cuda=1
+
 echo "== configure the consumer"
 "${cmake_cmd}" -S "${consumer_src}" -B "${work}/build" -G "${generator}" -DCMAKE_CXX_COMPILER="${cxx}" \
-  -DCMAKE_BUILD_TYPE="${build_type}" -DCMAKE_PREFIX_PATH="${prefix}" -DCMAKE_CXX_FLAGS="${cxx_flags}"
-echo "== build the consumer"
-"${cmake_cmd}" --build "${work}/build"
+  -DCMAKE_BUILD_TYPE="${build_type}" -DCMAKE_PREFIX_PATH="${prefix}" -DCMAKE_CXX_FLAGS="${cxx_flags}" \
+  -DDEVRT_README_SNIPPETS="${work}/snippets"
+echo "== build the consumer and the README's blocks"
+keep_going=()  # every error at once, not only the first block's
+case "${generator}" in
+  Ninja*) keep_going=(-- -k 0) ;;
+  *Makefiles) keep_going=(-- -k) ;;
+esac
+if ! "${cmake_cmd}" --build "${work}/build" "${keep_going[@]}" 2>&1; then
+  echo "the consumer or a C++ block of README.md does not build (the errors above name the README's lines)"
+  exit 1
+fi
+echo "== the README's blocks"
+for src in "${work}"/snippets/snippet_*.cpp; do
+  file=$(basename "${src}")
+  name=${file%%.*}
+  where=$(head -1 "${src}" | sed 's|^// ||; s| (.*||')
+  if [[ ${file} == *.cuda.cpp && ${has_cuda} == 0 ]]; then
+    echo "${where}: needs CUDA, which this devrt was built without: not built"
+    continue
+  fi
+  [ -x "${work}/build/readme_${name}" ] || { echo "${where}: not built"; exit 1; }
+  if [[ ${file} == *.main.cpp ]]; then
+    if ! "${work}/build/readme_${name}" >"${work}/${name}.log" 2>&1; then
+      cat "${work}/${name}.log"
+      echo "${where}: the program fails"
+      exit 1
+    fi
+    echo "${where}: builds and runs"
+  else
+    echo "${where}: builds"
+  fi
+done
 echo "== run the consumer"
 out=$("${work}/build/devrt_consumer")
 echo "${out}"
