@@ -156,6 +156,17 @@ std::uint64_t cuda_storage::returning_bytes() const noexcept {
   return n;
 }
 
+std::optional<std::uint64_t> cuda_storage::device_free() {
+  // The device is current on the thread serving the actor (its own, or a caller's borrowed one).
+  std::size_t free_bytes = 0;
+  std::size_t total = 0;
+  if (cudaMemGetInfo(&free_bytes, &total) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return std::nullopt;
+  }
+  return free_bytes;
+}
+
 std::size_t cuda_storage::pending_deallocations() const noexcept {
   return pending_.size() + (vmm_ ? vmm_->pending() : 0);
 }

@@ -775,6 +775,45 @@ std::string arena_pool::report() const {
   return out;
 }
 
+void arena_pool::snapshot(storage& store, std::vector<snapshot_segment>& out) const {
+  if (range_ == 0 || tail_ == npos) return;
+  std::uint32_t k = tail_;
+  while (slots_[k].prev != npos) k = slots_[k].prev;
+  const std::uint64_t base = snapshot_address(store, range_, 0);
+  // Each run of mapped granules is a segment; the slices over it, cut at its ends, its blocks. A
+  // live slice lies on mapped granules whole, so only free slices are ever cut.
+  std::uint64_t g = 0;
+  const std::uint64_t granules = granules_.size();
+  while (g < granules) {
+    if (!mapped_at(g)) {
+      ++g;
+      continue;
+    }
+    std::uint64_t end = g;
+    while (end < granules && mapped_at(end)) ++end;
+    const std::uint64_t lo = g * granule_;
+    const std::uint64_t hi = end * granule_;
+    snapshot_segment seg;
+    seg.address = base + lo;
+    seg.total_size = hi - lo;
+    seg.pool = fmt::format("arena {}", index_);
+    seg.expandable = true;
+    while (k != npos && slots_[k].offset + slots_[k].extent <= lo) k = slots_[k].next;
+    for (std::uint32_t j = k; j != npos && slots_[j].offset < hi; j = slots_[j].next) {
+      const slice_node& s = slots_[j];
+      const std::uint64_t from = std::max(s.offset, lo);
+      const std::uint64_t to = std::min(s.offset + s.extent, hi);
+      if (s.free) {
+        seg.blocks.push_back(snapshot_block{base + from, to - from, 0, block_state::free, streams::none, 0});
+      } else {
+        seg.blocks.push_back(live_block(base + from, to - from, s.size, s.desc));
+      }
+    }
+    out.push_back(std::move(seg));
+    g = end;
+  }
+}
+
 std::string arena_pool::check_invariants() const {
   if (range_ == 0) {
     if (!slots_.empty() || mapped_ != 0 || !(usage_ == memory_usage{})) {

@@ -61,13 +61,14 @@ std::string error::message() const {
           size, limit, in_use, detail[0] != '\0' ? fmt::format(" [{}]", detail) : std::string());
     case errc::out_of_memory:
       return fmt::format(
-          "out of device memory: the device refused {} bytes{} ({} bytes held by devrt, device "
-          "capacity {}); free memory, run an explicit cleanup and retry",
-          size,
-          detail[0] != '\0'
-              ? fmt::format(" [{}{}]", detail, text.empty() || text == detail ? std::string() : ": " + text)
-              : std::string(),
-          in_use, limit);
+                 "out of device memory: the device refused {} bytes{} ({} bytes held by devrt, device "
+                 "capacity {}); free memory, run an explicit cleanup and retry",
+                 size,
+                 detail[0] != '\0'
+                     ? fmt::format(" [{}{}]", detail, text.empty() || text == detail ? std::string() : ": " + text)
+                     : std::string(),
+                 in_use, limit) +
+             (context.empty() ? std::string() : "\n" + context.substr(0, context.size() - (context.back() == '\n')));
     case errc::empty_pool_list: return "invalid layout: the pool list is empty";
     case errc::zero_size: return fmt::format("invalid layout{}: `{}` must be non-zero", where, detail);
     case errc::slice_larger_than_page:

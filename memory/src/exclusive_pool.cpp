@@ -161,6 +161,22 @@ std::string exclusive_pool::report() const {
   return out;
 }
 
+void exclusive_pool::snapshot(storage& store, std::vector<snapshot_segment>& out) const {
+  for (const auto& page : pages_) {
+    const page_node& p = *page;
+    snapshot_segment seg;
+    seg.address = snapshot_address(store, p.storage.id, p.storage.offset);
+    seg.total_size = p.storage.size;
+    seg.pool = fmt::format("exclusive {}", index_);
+    if (p.desc == nullptr) {
+      seg.blocks.push_back(snapshot_block{seg.address, seg.total_size, 0, block_state::free, streams::none, 0});
+    } else {
+      seg.blocks.push_back(live_block(seg.address, seg.total_size, p.size, p.desc));
+    }
+    out.push_back(std::move(seg));
+  }
+}
+
 std::string exclusive_pool::check_invariants() const {
   memory_usage sum;
   std::size_t free_count = 0;

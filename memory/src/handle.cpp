@@ -132,6 +132,7 @@ descriptor* descriptor::create() {
     d->more_streams = nullptr;
     d->fence_at_free = false;
     d->held = false;
+    d->sequence = 0;
   } else {
     d = new descriptor();
   }

@@ -33,6 +33,7 @@ memory_manager::memory_manager(storage store, manager_options opts)
       order_(store_),
       ctx_{store_, stats_, queue_, 0, &order_, streams::none},
       persistent_(store_.alignment()) {
+  ctx_.history = &history_;
   layout_ = resolve_or_throw(opts_.layout, props_);
   build_pools(layout_);
   mode_ = opts_.mode.value_or(opts_.policy == persistent_policy::enforced ? allocation_mode::persistent
@@ -124,6 +125,16 @@ void memory_manager::release_one(detail::descriptor* d) {
   // Held already (a capture pinned it again and the pin was dropped): its entry waits for fences
   // that cover this drop too, since the pin only kept the memory for the device's own stream.
   if (d->held) return;
+  std::uint64_t traced = 0;
+  if (history_.enabled()) {
+    traced = trace_address(d);
+    history_.add(trace_action::free_requested, traced, d->bytes.load(std::memory_order_relaxed), d->stream);
+  }
+  const auto completed = [&] {
+    if (history_.enabled()) {
+      history_.add(trace_action::free_completed, traced, d->bytes.load(std::memory_order_relaxed), d->stream);
+    }
+  };
   if (order_.ordered() && d->stream_reg != nullptr && (order_.tagged() || d->more_streams != nullptr)) {
     const bool arena = d->loc.pool != location::persistent_pool &&
                        std::holds_alternative<std::unique_ptr<arena_pool>>(pools_[d->loc.pool]);
@@ -132,6 +143,7 @@ void memory_manager::release_one(detail::descriptor* d) {
       stream_state& own = *d->stream_reg;
       order_.freed_on(own);
       const std::uint64_t tag = own.serial;
+      completed();
       release_streams(d);
       release_to_pool(d, tag);
       return;
@@ -141,8 +153,113 @@ void memory_manager::release_one(detail::descriptor* d) {
     order_.hold(d);
     return;
   }
+  completed();
   release_streams(d);
   release_to_pool(d, 0);
+}
+
+std::uint64_t memory_manager::trace_address(const detail::descriptor* d) {
+  auto v = find(d);
+  if (!v) return reinterpret_cast<std::uintptr_t>(d->address.load(std::memory_order_relaxed));  // NOLINT
+  return snapshot_address(store_, v->storage.id, v->storage.offset);
+}
+
+namespace {
+
+std::string stream_name(stream_id q) {
+  switch (q) {
+    case streams::none: return "none";
+    case streams::legacy: return "the legacy default stream";
+    case streams::per_thread: return "the per-thread default stream";
+    case streams::device: return "the device's own stream";
+    default: return fmt::format("stream {:#x}", q);
+  }
+}
+
+}  // namespace
+
+void memory_manager::explain_out_of_memory(error& e, std::uint64_t size, stream_id q) {
+  if (q == streams::none) q = streams::device;
+  const std::optional<std::uint64_t> device_free = store_.device_free();
+  history_.add(trace_action::oom, 0, size, q, device_free.value_or(0));
+  const memory_snapshot snap = snapshot();
+  const memory_statistics& st = snap.statistics;
+  std::uint64_t free_in_pools = 0;
+  std::uint64_t largest_free = 0;
+  std::vector<const snapshot_block*> live;
+  for (const auto& seg : snap.segments) {
+    for (const auto& b : seg.blocks) {
+      if (b.state == block_state::free) {
+        free_in_pools += b.size;
+        largest_free = std::max(largest_free, b.size);
+      } else if (b.state == block_state::allocated) {
+        live.push_back(&b);
+      }
+    }
+  }
+  constexpr std::size_t shown = 10;
+  const std::size_t n = std::min(shown, live.size());
+  std::partial_sort(live.begin(), live.begin() + static_cast<std::ptrdiff_t>(n), live.end(),
+                    [](const snapshot_block* a, const snapshot_block* b) {
+                      return a->requested_size != b->requested_size ? a->requested_size > b->requested_size
+                                                                    : a->sequence < b->sequence;
+                    });
+  std::string out =
+      fmt::format("request: {} ({} bytes) on {}, {}\n", format_bytes(size), size, opts_.name, stream_name(q));
+  out += fmt::format("device: capacity {}, free {}\n",
+                     props_.capacity != 0 ? format_bytes(props_.capacity) : std::string("unknown"),
+                     device_free ? format_bytes(*device_free) : std::string("unknown"));
+  out += fmt::format(
+      "devrt: reserved {}, in use {} in {} allocations, returning {}, held for streams {}, free in its pools {} "
+      "(largest free block {})\n",
+      format_bytes(st.bytes_reserved), format_bytes(st.bytes_in_use), live.size(), format_bytes(st.bytes_returning),
+      format_bytes(st.bytes_held_for_streams), format_bytes(free_in_pools), format_bytes(largest_free));
+  if (n != 0) {
+    out += fmt::format("the {} largest live allocations (of {}):\n", n, live.size());
+    for (std::size_t i = 0; i < n; ++i) {
+      const snapshot_block& b = *live[i];
+      out += fmt::format("  {:>2}. {:>10} ({} bytes) at {:#x}, {}, reserve #{} of {}\n", i + 1,
+                         format_bytes(b.requested_size), b.requested_size, b.address, stream_name(b.stream), b.sequence,
+                         st.reserves);
+    }
+  }
+  // What to do, by the cause the figures show.
+  if (free_in_pools >= size && largest_free < size) {
+    out += fmt::format(
+        "hint: fragmentation, not the live size: {} are free in devrt's pools, but no free block is as large as "
+        "the request; an arena layout (the default where the device maps memory) places allocations without "
+        "this, and a cleanup (empty_cache) gives whole free pages back\n",
+        format_bytes(free_in_pools));
+  } else if (st.bytes_returning + st.bytes_held_for_streams >= size) {
+    out += fmt::format(
+        "hint: {} are freed but still behind queued work on streams; the memory comes back once that work is "
+        "done (synchronize the streams, then retry)\n",
+        format_bytes(st.bytes_returning + st.bytes_held_for_streams));
+  } else if (device_free && props_.capacity != 0 && st.bytes_reserved + *device_free + size <= props_.capacity &&
+             *device_free < size) {
+    out += fmt::format(
+        "hint: devrt holds {} of the device's {}; the rest is held outside devrt (another allocator or "
+        "process, the CUDA context)\n",
+        format_bytes(st.bytes_reserved), format_bytes(props_.capacity));
+  } else {
+    out += "hint: the live allocations need the memory: free some of them, or use smaller requests\n";
+  }
+  e.context = std::move(out);
+}
+
+void memory_manager::record_history(bool on, std::size_t max_entries) { history_.enable(on, max_entries); }
+
+memory_snapshot memory_manager::snapshot() {
+  memory_snapshot out;
+  out.device = opts_.name;
+  out.statistics = statistics();
+  persistent_.snapshot(store_, out.segments);
+  for (const auto& p : pools_) visit_pool(p, [&](const auto& pool) { pool.snapshot(store_, out.segments); });
+  std::sort(out.segments.begin(), out.segments.end(),
+            [](const snapshot_segment& a, const snapshot_segment& b) { return a.address < b.address; });
+  out.trace = history_.entries();
+  out.trace_dropped = history_.dropped();
+  return out;
 }
 
 void memory_manager::release_streams(detail::descriptor* d) {
@@ -180,6 +297,7 @@ void memory_manager::harvest() {
     d->held = false;
     // Pinned again (a capture window): in use once more; its next drop holds it anew.
     if (detail::descriptor::total(d->state.load(std::memory_order_acquire)) != 1) return;
+    if (history_.enabled()) history_.add(trace_action::free_completed, trace_address(d), bytes, d->stream);
     release_streams(d);
     release_to_pool(d, 0);
   });
@@ -199,6 +317,7 @@ void memory_manager::harvest() {
 
 void memory_manager::publish(detail::descriptor* d, std::uint64_t size, stream_id q, stream_state* reg) {
   d->stream = q;
+  d->sequence = stats_.reserves;
   d->stream_reg = reg;  // the reference the reserve took
   d->fence_at_free = reg != nullptr && reg->fence != nullptr;
   void* ptr = nullptr;
@@ -307,7 +426,15 @@ result<detail::descriptor*> memory_manager::reserve_raw(std::uint64_t size, stre
   if (!r && r.code() == errc::out_of_memory && opts_.reclaim_on_out_of_memory) {
     if (auto c = reclaim(); c) r = reserve_attempt(size, q);
   }
-  if (!r) ++stats_.failed_reserves;
+  if (!r) {
+    ++stats_.failed_reserves;
+    if (r.code() == errc::out_of_memory) {
+      ++stats_.out_of_memory_errors;
+      error e = std::move(r).err();
+      explain_out_of_memory(e, size, q);
+      return e;
+    }
+  }
   return r;
 }
 
@@ -355,6 +482,7 @@ result<detail::descriptor*> memory_manager::reserve_attempt(std::uint64_t size, 
     }
   }
   publish(*r, size, q, reg);
+  if (history_.enabled()) history_.add(trace_action::alloc, trace_address(*r), size, q);
   return r;
 }
 

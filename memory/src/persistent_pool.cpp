@@ -165,6 +165,23 @@ std::string persistent_pool::report() const {
   return out;
 }
 
+void persistent_pool::snapshot(storage& store, std::vector<snapshot_segment>& out) const {
+  for (std::uint32_t i = 0; i < slots_.size(); ++i) {
+    const slice_node& s = slots_[i];
+    if (!s.exists) continue;
+    snapshot_segment seg;
+    seg.address = snapshot_address(store, s.storage.id, 0);
+    seg.total_size = s.extent;
+    seg.pool = "persistent";
+    if (s.desc == nullptr) {
+      seg.blocks.push_back(snapshot_block{seg.address, s.extent, 0, block_state::free, streams::none, 0});
+    } else {
+      seg.blocks.push_back(live_block(seg.address, s.extent, s.storage.size, s.desc));
+    }
+    out.push_back(std::move(seg));
+  }
+}
+
 std::string persistent_pool::check_invariants() const {
   memory_usage sum;
   std::unordered_map<std::uint64_t, std::uint32_t> counts;

@@ -254,6 +254,31 @@ std::string sliced_pool::report() const {
   return out;
 }
 
+void sliced_pool::snapshot(storage& store, std::vector<snapshot_segment>& out) const {
+  for (const page_node& p : pages_) {
+    snapshot_segment seg;
+    seg.address = snapshot_address(store, p.storage.id, p.storage.offset);
+    seg.total_size = p.storage.size;
+    seg.pool = fmt::format("sliced {}", index_);
+    std::uint64_t end = 0;
+    for (std::uint32_t k = p.first; k != npos; k = slots_[k].next) {
+      const slice_node& s = slots_[k];
+      if (s.free) {
+        seg.blocks.push_back(snapshot_block{seg.address + s.offset, s.extent, 0, block_state::free, streams::none, 0});
+      } else {
+        seg.blocks.push_back(live_block(seg.address + s.offset, s.extent, s.size, s.desc));
+      }
+      end = s.offset + s.extent;
+    }
+    if (end < seg.total_size) {
+      // The page's tail past its last slice (a page larger than the slices it was cut into).
+      seg.blocks.push_back(
+          snapshot_block{seg.address + end, seg.total_size - end, 0, block_state::free, streams::none, 0});
+    }
+    out.push_back(std::move(seg));
+  }
+}
+
 std::string sliced_pool::check_invariants() const {
   memory_usage sum;
   std::size_t free_count = 0;

@@ -29,6 +29,7 @@ __all__ = [
     "init", "shutdown", "is_initialized", "device_count", "malloc", "free", "record_stream", "retire_stream",
     "allocation_size",
     "stats", "reset_peak_stats", "empty_cache", "configure", "last_error",
+    "record_memory_history", "memory_snapshot", "merge_snapshots", "metrics_text",
 ]
 
 HOST = -1
@@ -157,6 +158,9 @@ def lib() -> ctypes.CDLL:
                 ("devrt_reset_peak_stats", i, [i]),
                 ("devrt_empty_cache", i, [i]),
                 ("devrt_configure", i, [i, ctypes.c_char_p]),
+                ("devrt_record_memory_history", i, [i, sz]),
+                ("devrt_memory_snapshot", i, [i, i, vp, sz, ctypes.POINTER(sz)]),
+                ("devrt_metrics_text", i, [vp, sz, ctypes.POINTER(sz)]),
             ]:
                 f = getattr(l, name)
                 f.restype = res
@@ -270,3 +274,86 @@ def empty_cache(device: int = HOST) -> None:
 def configure(device: int, layout: str) -> None:
     """Replaces the device's pool layout; a bad layout, or live memory, keeps the current one."""
     _check(lib().devrt_configure(device, layout.encode()))
+
+
+def _text(call, what: str) -> bytes:
+    """Calls a devrt function that answers through a buffer (see c_api.h): asks for the length,
+    then reads with some room, again if the answer grew in between."""
+    n = ctypes.c_size_t(0)
+    _check(call(None, 0, ctypes.byref(n)))
+    room = n.value + 4096
+    for _ in range(8):
+        buf = ctypes.create_string_buffer(room)
+        status = call(buf, room, ctypes.byref(n))
+        if status == SUCCESS:
+            return buf.raw[:n.value]
+        if n.value + 1 <= room:
+            _check(status)
+        room = n.value * 2 + 4096
+    raise DevrtError(ERROR_INTERNAL, "DEVRT_ERROR_INTERNAL", f"{what}: the answer kept growing")
+
+
+def record_memory_history(enabled: bool = True, max_entries: int = 100000) -> None:
+    """Starts (or stops) recording every device's trace of memory events for ``memory_snapshot``:
+    allocations, frees, memory taken from and given back to the device, out-of-memory errors. At
+    most ``max_entries`` per device are kept, the oldest dropped first; starting anew clears them.
+    As ``torch.cuda.memory._record_memory_history`` (without stack frames)."""
+    if max_entries <= 0:
+        raise DevrtError(ERROR_INVALID_VALUE, "DEVRT_ERROR_INVALID_VALUE",
+                         f"record_memory_history: max_entries is {max_entries}; it must be positive")
+    _check(lib().devrt_record_memory_history(1 if enabled else 0, int(max_entries)))
+
+
+def _snapshot_of(device: int) -> dict:
+    import pickle
+
+    l = lib()
+    raw = _text(lambda buf, size, n: l.devrt_memory_snapshot(device, 0, buf, size, n), "memory_snapshot")
+    return pickle.loads(raw)  # devrt's own output: PyTorch's snapshot format
+
+
+def merge_snapshots(snapshots) -> dict:
+    """One snapshot of several devices' (each from ``memory_snapshot(device)``): the segments
+    together, each device's trace at its index (CUDA devices at theirs, the host after them)."""
+    out = {"segments": [], "device_traces": [], "allocator_settings": {"allocator": "devrt"}, "devrt_devices": []}
+    cuda = []
+    other = []
+    for s in snapshots:
+        (cuda if s["devrt_devices"] and s["devrt_devices"][-1].startswith("cuda:") else other).append(s)
+    slots = {}
+    for s in cuda:
+        slots[len(s["device_traces"]) - 1] = s
+    n = max(slots) + 1 if slots else 0
+    order = [slots.get(i) for i in range(n)] + other
+    for i, s in enumerate(order):
+        if s is None:
+            out["device_traces"].append([])
+            out["devrt_devices"].append("")
+            continue
+        for seg in s["segments"]:
+            seg = dict(seg)
+            seg["device"] = i
+            out["segments"].append(seg)
+        out["device_traces"].append(s["device_traces"][-1] if s["device_traces"] else [])
+        out["devrt_devices"].append(s["devrt_devices"][-1])
+    return out
+
+
+def memory_snapshot(device: Optional[int] = None) -> dict:
+    """A snapshot in the format of ``torch.cuda.memory._snapshot()``: ``segments`` (memory held from
+    the device, each with its ``blocks``: address, size, requested_size, state, stream) and
+    ``device_traces`` (what ``record_memory_history`` recorded). ``device``: HOST or a CUDA index;
+    None: the host and every CUDA device devrt uses (``device_count()``). ``pickle.dump`` it to a file for
+    ``python -m torch.cuda._memory_viz``."""
+    if device is not None:
+        return _snapshot_of(int(device))
+    devices = [HOST] + list(range(device_count()))
+    return merge_snapshots([_snapshot_of(d) for d in devices])
+
+
+def metrics_text() -> str:
+    """Every started device's gauges and counters in the OpenMetrics text format (for a /metrics
+    endpoint): devrt_reserved_bytes, devrt_in_use_bytes, their peaks, devrt_maps_total, ...,
+    labelled with the device, ending in ``# EOF``."""
+    l = lib()
+    return _text(lambda buf, size, n: l.devrt_metrics_text(buf, size, n), "metrics_text").decode()

@@ -160,3 +160,25 @@ def empty_cache(device: Optional[int] = None) -> None:
         return
     for d in range(_devrt.device_count()):
         _devrt.empty_cache(d)
+
+
+def record_memory_history(enabled: bool = True, max_entries: int = 100000) -> None:
+    """As ``torch.cuda.memory._record_memory_history``, for the memory devrt serves (no stack
+    frames: devrt records addresses, sizes, streams and times)."""
+    _devrt.record_memory_history(enabled, max_entries)
+
+
+def memory_snapshot() -> dict:
+    """What ``torch.cuda.memory._snapshot()`` gives, for the memory devrt serves on every CUDA
+    device it uses: open it with ``torch.cuda._memory_viz`` (see ``dump_snapshot``)."""
+    return _devrt.merge_snapshots([_devrt.memory_snapshot(d) for d in range(_devrt.device_count())])
+
+
+def dump_snapshot(path: str) -> None:
+    """Writes ``memory_snapshot()`` to ``path`` as a pickle, as
+    ``torch.cuda.memory._dump_snapshot``: ``python -m torch.cuda._memory_viz trace_plot path -o
+    out.html``."""
+    import pickle
+
+    with open(path, "wb") as f:
+        pickle.dump(memory_snapshot(), f)

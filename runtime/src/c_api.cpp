@@ -21,6 +21,7 @@
 #include <boost/system/system_error.hpp>
 #include <cstdint>
 #include <cstdio>
+#include <cstring>
 #include <deque>
 #include <exception>
 #include <memory>
@@ -34,6 +35,7 @@
 
 #include "devrt/memory/config.hpp"
 #include "devrt/memory/handle.hpp"
+#include "devrt/memory/snapshot.hpp"
 #include "devrt/memory/stream.hpp"
 #include "devrt/memory/usage.hpp"
 #include "devrt/runtime/compute_client.hpp"
@@ -619,6 +621,75 @@ int devrt_empty_cache(int device) {
       d.client.cleanup().get();
       return static_cast<int>(DEVRT_SUCCESS);
     });
+  });
+}
+
+int devrt_record_memory_history(int enabled, size_t max_entries) {
+  return guarded("devrt_record_memory_history", [&] {
+    if (enabled != 0 && enabled != 1) {
+      return fail(DEVRT_ERROR_INVALID_VALUE,
+                  fmt::format("devrt_record_memory_history: enabled is {}; pass 1 to record, 0 to stop", enabled));
+    }
+    state* s = nullptr;
+    if (int r = acquire(&s); r != DEVRT_SUCCESS) return r;
+    try {
+      s->runtime->record_memory_history(enabled == 1,
+                                        max_entries == 0 ? mem::memory_manager::default_history_entries : max_entries);
+    } catch (const boost::system::system_error& e) {
+      return fail(status_of(rt::to_errc(e.code())), fmt::format("devrt_record_memory_history: {}", e.what()));
+    }
+    return static_cast<int>(DEVRT_SUCCESS);
+  });
+}
+
+}  // extern "C"
+
+namespace {
+
+/// Hands `text` back through a caller's buffer (see c_api.h).
+int give_text(const char* what, const std::string& text, void* buffer, size_t size, size_t* length) {
+  *length = text.size();
+  if (buffer == nullptr || size == 0) return DEVRT_SUCCESS;
+  if (size < text.size() + 1) {
+    return fail(DEVRT_ERROR_INVALID_VALUE,
+                fmt::format("{}: the buffer holds {} bytes, the answer needs {} (with its NUL); ask again with a "
+                            "larger one",
+                            what, size, text.size() + 1));
+  }
+  std::memcpy(buffer, text.data(), text.size());
+  static_cast<char*>(buffer)[text.size()] = '\0';
+  return DEVRT_SUCCESS;
+}
+
+}  // namespace
+
+extern "C" {
+
+int devrt_memory_snapshot(int device, int format, void* buffer, size_t size, size_t* length) {
+  return guarded("devrt_memory_snapshot", [&] {
+    if (length == nullptr) return fail(DEVRT_ERROR_INVALID_VALUE, "devrt_memory_snapshot: the length pointer is NULL");
+    if (format != DEVRT_SNAPSHOT_PICKLE && format != DEVRT_SNAPSHOT_JSON) {
+      return fail(DEVRT_ERROR_INVALID_VALUE,
+                  fmt::format("devrt_memory_snapshot: format {} is unknown; use DEVRT_SNAPSHOT_PICKLE (0) or "
+                              "DEVRT_SNAPSHOT_JSON (1)",
+                              format));
+    }
+    return on_device(device, "devrt_memory_snapshot", [&](device_ctx& d) {
+      mem::memory_snapshot snap = d.client.snapshot().get();
+      snap.device = d.name;
+      snap.device_index = device;
+      const std::string text = format == DEVRT_SNAPSHOT_JSON ? mem::to_json(snap) : mem::to_pickle({snap});
+      return give_text("devrt_memory_snapshot", text, buffer, size, length);
+    });
+  });
+}
+
+int devrt_metrics_text(char* buffer, size_t size, size_t* length) {
+  return guarded("devrt_metrics_text", [&] {
+    if (length == nullptr) return fail(DEVRT_ERROR_INVALID_VALUE, "devrt_metrics_text: the length pointer is NULL");
+    state* s = nullptr;
+    if (int r = acquire(&s); r != DEVRT_SUCCESS) return r;
+    return give_text("devrt_metrics_text", s->runtime->metrics_text(), buffer, size, length);
   });
 }
 

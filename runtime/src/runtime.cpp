@@ -119,6 +119,7 @@ std::shared_ptr<device_actor> runtime::make_actor(device_info info, memory::stor
   memory::manager_options opts{info.name, layout, config_.persistent_memory, std::nullopt};
   opts.reclaim_on_out_of_memory = true;  // one reclaim and one retry before a reserve fails
   auto manager = std::make_unique<memory::memory_manager>(std::move(store), std::move(opts));
+  if (history_on_.load()) manager->record_history(true, history_entries_.load());
   return std::make_shared<device_actor>(std::move(info), std::move(manager), completions_->get_executor(), log_,
                                         actor_options{idle_spin_, config_.serve_in_place});
 }

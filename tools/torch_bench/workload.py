@@ -18,6 +18,7 @@ is unusable here, so run again with ``--impl plain``.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 import time
@@ -367,6 +368,24 @@ def import_transformers():
 # Workloads. Each returns (outputs, checks, info) and times its measured part itself.
 
 
+SNAPSHOT = None  # --snapshot: where to write devrt's memory snapshot at the end of the measured part
+
+
+def snapshot_here() -> None:
+    """With --snapshot (allocator devrt): writes devrt.torch's memory snapshot (PyTorch's format,
+    for torch.cuda._memory_viz) and, beside it as PATH.stats.json, devrt's statistics of the same
+    moment, while the model and its tensors are still alive."""
+    if SNAPSHOT is None or ALLOCATOR != "devrt":
+        return
+    import devrt  # noqa: PLC0415
+    import devrt.torch  # noqa: PLC0415
+
+    torch.cuda.synchronize()
+    devrt.torch.dump_snapshot(SNAPSHOT)
+    with open(SNAPSHOT + ".stats.json", "w") as f:
+        json.dump(devrt.stats(0), f, indent=1)
+
+
 class Timer:
     def __init__(self):
         self.wall_s = None
@@ -433,6 +452,7 @@ def run_llama(c, dev, impl, result, timer):
         per_request.append(request(b, p))
     torch.cuda.synchronize()
     timer.wall_s = time.perf_counter() - t0
+    snapshot_here()
 
     outputs = []
     for r, s in enumerate(per_request):
@@ -492,6 +512,7 @@ def run_gpt2(c, dev, impl, result, timer):
         losses.append(step(b, s))
     torch.cuda.synchronize()
     timer.wall_s = time.perf_counter() - t0
+    snapshot_here()
 
     losses = torch.stack(losses).cpu().tolist()
     with torch.no_grad():
@@ -555,6 +576,7 @@ def run_bert(c, dev, impl, result, timer):
         samples.append(infer(b, s))
     torch.cuda.synchronize()
     timer.wall_s = time.perf_counter() - t0
+    snapshot_here()
 
     outputs = [common.group(f"batch{i}.outputs", s.cpu().tolist(), "maxabs_rel", 1e-3) for i, s in enumerate(samples)]
     finite = all(bool(torch.isfinite(s).all()) for s in samples)
@@ -633,6 +655,7 @@ def run_side_stream(c, dev, impl, result, timer):
     wrong4, sums4 = phase(four, c["iters"], sizes)
     torch.cuda.synchronize()
     timer.wall_s = time.perf_counter() - t0
+    snapshot_here()
 
     sums1 = torch.stack(sums1).cpu().tolist()
     sums4 = torch.stack(sums4).cpu().tolist()
@@ -661,6 +684,9 @@ def parse_args(argv=None):
                    help="models from transformers or plain torch.nn (auto: transformers, exit 3 if unusable)")
     p.add_argument("--deterministic", type=int, default=1, choices=(0, 1),
                    help="torch.use_deterministic_algorithms(warn_only) and a fixed cuBLAS workspace (default 1)")
+    p.add_argument("--snapshot", default=None,
+                   help="allocator devrt: record devrt's memory history and write its snapshot (a pickle for "
+                        "torch.cuda._memory_viz) at the end of the measured part, and PATH.stats.json")
     return p.parse_args(argv)
 
 
@@ -671,14 +697,19 @@ def main(argv=None) -> int:
         impl = "plain"
     elif impl == "auto":
         impl = "transformers"
-    global ALLOCATOR
+    global ALLOCATOR, SNAPSHOT
     ALLOCATOR = args.allocator
+    SNAPSHOT = args.snapshot
     result = common.new_result(args.workload, args.allocator, impl, args.small)
     lib_path = common.check_library(args.lib) if args.allocator == "devrt" else None
     if args.deterministic:
         # Set before CUDA starts: cuBLAS reads it when it creates its handle.
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
     import_torch(args.allocator, lib_path)
+    if SNAPSHOT is not None and args.allocator == "devrt":
+        import devrt.torch  # noqa: PLC0415
+
+        devrt.torch.record_memory_history(True, max_entries=1_000_000)
     if args.deterministic:
         torch.use_deterministic_algorithms(True, warn_only=True)
         try:

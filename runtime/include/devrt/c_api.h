@@ -196,6 +196,33 @@ DEVRT_C_EXPORT int devrt_empty_cache(int device);
  * layout stays in force. */
 DEVRT_C_EXPORT int devrt_configure(int device, const char* layout);
 
+/* ---- Memory snapshots and metrics ----
+ * Text and bytes come back through a caller's buffer: `*length` always gets the bytes the answer
+ * needs (without a terminating NUL). With `buffer` NULL (or `size` 0) nothing else happens; with a
+ * buffer of at least *length + 1 bytes the answer is copied there, NUL-terminated. A buffer that
+ * is too small fails with INVALID_VALUE and says how many bytes were needed; the answer may grow
+ * between two calls, so ask again with some room. */
+
+/* Formats of devrt_memory_snapshot. */
+#define DEVRT_SNAPSHOT_PICKLE 0 /* the pickle torch.cuda.memory._snapshot() gives (for torch.cuda._memory_viz) */
+#define DEVRT_SNAPSHOT_JSON 1   /* the same fields as JSON */
+
+/* Starts (enabled 1) or stops (0) recording every device's trace of memory events (allocations,
+ * frees, memory taken from and given back to the device, out-of-memory errors), those devices
+ * started later included. At most `max_entries` per device are kept, the oldest dropped first (0:
+ * 100000). Starting anew clears the trace. Off by default. */
+DEVRT_C_EXPORT int devrt_record_memory_history(int enabled, size_t max_entries);
+
+/* A device's snapshot: every segment of memory it holds, block by block (address, size, requested
+ * size, state, stream), and the trace recorded so far. Errors: INVALID_VALUE (length is NULL, an
+ * unknown format, the buffer too small), INVALID_DEVICE. */
+DEVRT_C_EXPORT int devrt_memory_snapshot(int device, int format, void* buffer, size_t size, size_t* length);
+
+/* Every started device's gauges and counters in the OpenMetrics text format, ending in "# EOF":
+ * devrt_reserved_bytes, devrt_in_use_bytes, their peaks, devrt_maps_total, ... labelled
+ * {device="host"}, {device="cuda:0"}. Errors: INVALID_VALUE. */
+DEVRT_C_EXPORT int devrt_metrics_text(char* buffer, size_t size, size_t* length);
+
 /* ---- PyTorch (torch.cuda.memory.CUDAPluggableAllocator) ----
  * The signatures PyTorch loads by name. Streams are CUDA's, as everywhere in this header: 0 is
  * the legacy default stream. PyTorch does not check the pointer its malloc function

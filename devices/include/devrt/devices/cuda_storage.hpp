@@ -31,6 +31,7 @@
 #include <array>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -108,6 +109,8 @@ class cuda_storage {
   /// Mappings whose unmap has not happened yet (requested, or recorded behind an event).
   [[nodiscard]] std::size_t unmaps_in_flight() const noexcept;
   [[nodiscard]] std::string name() const { return name_; }
+  /// cudaMemGetInfo's free bytes of this device (absent when the call fails).
+  [[nodiscard]] std::optional<std::uint64_t> device_free();
 
   /// The stream; also binds the calling thread to the device, so that kernels the caller launches
   /// on the stream go to the right GPU.

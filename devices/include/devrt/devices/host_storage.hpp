@@ -69,6 +69,9 @@ class host_storage {
   void release_range(memory::storage_id range);
 
   [[nodiscard]] std::uint64_t allocated_bytes() const noexcept { return allocated_; }
+  /// Bytes it may still allocate: the limit (the capacity, or the machine's memory and swap) less
+  /// what it holds.
+  [[nodiscard]] std::uint64_t device_free() const noexcept { return limit_ - std::min(allocated_, limit_); }
   /// The bytes past which allocations and mappings are refused: the capacity, or the machine's
   /// memory and swap when no capacity was given.
   [[nodiscard]] std::uint64_t limit() const noexcept { return limit_; }

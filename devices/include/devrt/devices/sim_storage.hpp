@@ -183,6 +183,13 @@ class sim_storage {
   void fail_next_identify() noexcept { fail_identify_ = true; }
   void set_capacity(std::uint64_t bytes) noexcept { opts_.props.capacity = bytes; }
   [[nodiscard]] std::uint64_t allocated_bytes() const noexcept { return allocated_; }
+  /// Bytes under the capacity it does not hold (the capacity less what it holds; absent without a
+  /// capacity).
+  [[nodiscard]] std::optional<std::uint64_t> device_free() const noexcept {
+    const std::uint64_t cap = opts_.props.capacity;
+    if (cap == 0) return std::nullopt;
+    return cap - std::min(allocated_, cap);
+  }
   [[nodiscard]] std::uint64_t peak_allocated_bytes() const noexcept { return peak_; }
   [[nodiscard]] std::size_t page_count() const noexcept { return pages_.size(); }
   [[nodiscard]] std::uint64_t alloc_calls() const noexcept { return alloc_calls_; }

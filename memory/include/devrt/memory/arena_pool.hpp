@@ -50,6 +50,7 @@
 #include "devrt/memory/pool_context.hpp"
 #include "devrt/memory/size_class_index.hpp"
 #include "devrt/memory/slot_table.hpp"
+#include "devrt/memory/snapshot.hpp"
 
 namespace devrt::memory {
 
@@ -112,6 +113,8 @@ class arena_pool {
   [[nodiscard]] std::uint64_t free_mapped_granules() const noexcept { return free_mapped_; }
   [[nodiscard]] std::size_t mapping_count() const noexcept { return mappings_.live() - ghosts_; }
   [[nodiscard]] std::string report() const;
+  /// Appends this pool's segments, block by block (snapshot.hpp).
+  void snapshot(storage& store, std::vector<snapshot_segment>& out) const;
   /// Empty when consistent; otherwise the first violation found.
   [[nodiscard]] std::string check_invariants() const;
 

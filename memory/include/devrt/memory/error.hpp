@@ -64,6 +64,9 @@ struct error {
   std::uint64_t in_use = 0;  ///< bytes in use where relevant
   const char* detail = "";   ///< static text: a reason, a field name, an error name
   std::string text;          ///< input echoed back (parse errors); empty on hot paths
+  /// out_of_memory from a manager: the lines that explain it (the request, the device, devrt's
+  /// figures, the largest live allocations, a hint), appended to the message.
+  std::string context;
 
   /// A full sentence saying what happened and, where useful, what to do.
   [[nodiscard]] std::string message() const;

@@ -17,6 +17,7 @@
 
 #include "devrt/memory/config.hpp"
 #include "devrt/memory/pool_context.hpp"
+#include "devrt/memory/snapshot.hpp"
 
 namespace devrt::memory {
 
@@ -43,6 +44,8 @@ class exclusive_pool {
   [[nodiscard]] std::size_t page_count() const noexcept { return pages_.size(); }
   [[nodiscard]] const pool_options& options() const noexcept { return opts_; }
   [[nodiscard]] std::string report() const;
+  /// Appends this pool's segments, block by block (snapshot.hpp).
+  void snapshot(storage& store, std::vector<snapshot_segment>& out) const;
   [[nodiscard]] std::string check_invariants() const;
 
   /// Free count a new page starts with; a page is returned when its count reaches `release_at`.

@@ -91,6 +91,9 @@ struct descriptor {
   /// Kept live by stream_order until the fences of its streams pass (owner thread only): a drop
   /// while held (after a capture pinned it again) does not hold it twice.
   bool held = false;
+  /// The number of the reserve that gave it its memory on its device, from 1 (owner thread only;
+  /// for snapshots and out-of-memory reports: older allocations have smaller numbers).
+  std::uint64_t sequence = 0;
 
   /// Publishes where the memory lives (owner thread).
   void place(void* ptr, std::uint64_t size) noexcept {

@@ -24,6 +24,7 @@
 #include "devrt/memory/persistent_pool.hpp"
 #include "devrt/memory/pool_context.hpp"
 #include "devrt/memory/sliced_pool.hpp"
+#include "devrt/memory/snapshot.hpp"
 #include "devrt/memory/storage.hpp"
 #include "devrt/memory/stream.hpp"
 #include "devrt/memory/stream_order.hpp"
@@ -179,6 +180,14 @@ class memory_manager {
   void reset_peaks();
   /// Readable report: the persistent pool, each dynamic pool with its pages, and a summary.
   std::string report();
+  /// Starts (or stops) recording the trace of memory events that snapshots carry: at most
+  /// `max_entries`, the oldest dropped first. Starting anew clears the trace.
+  void record_history(bool on, std::size_t max_entries = default_history_entries);
+  static constexpr std::size_t default_history_entries = 100'000;
+  [[nodiscard]] bool recording_history() const noexcept { return history_.enabled(); }
+  /// Every pool's segments, block by block, the trace recorded so far and the statistics, all at
+  /// this point (snapshot.hpp). A walk over the slices and granules: not for the reserve path.
+  memory_snapshot snapshot();
   /// Expensive consistency check of every pool and counter. Empty when consistent; otherwise the
   /// first violation found.
   std::string check_invariants();
@@ -206,6 +215,11 @@ class memory_manager {
   result<detail::descriptor*> reserve_persistent(std::uint64_t size);
   result<detail::descriptor*> reserve_on(std::uint64_t size);
   void release_one(detail::descriptor* d);
+  /// The trace's address of a live allocation (snapshot_address of its slice).
+  std::uint64_t trace_address(const detail::descriptor* d);
+  /// Adds to an out_of_memory error what explains it: the request, the device's free memory,
+  /// devrt's own figures, the largest live allocations and, when it is the cause, fragmentation.
+  void explain_out_of_memory(error& e, std::uint64_t size, stream_id q);
   /// Gives a slice back to its pool (the last step of a free).
   void release_to_pool(detail::descriptor* d, stream_id tag);
   /// Frees what the fences that passed allow: held slices, and tagged arena slices; forgets the
@@ -236,6 +250,7 @@ class memory_manager {
   std::optional<capture_state> capture_;
   std::uint64_t reserve_count_ = 0;
   bool cleanup_owed_ = false;
+  memory_history history_;
 };
 
 }  // namespace devrt::memory

@@ -19,6 +19,7 @@
 #include "devrt/memory/config.hpp"
 #include "devrt/memory/pool_context.hpp"
 #include "devrt/memory/slot_table.hpp"
+#include "devrt/memory/snapshot.hpp"
 
 namespace devrt::memory {
 
@@ -52,6 +53,8 @@ class persistent_pool {
   [[nodiscard]] memory_usage usage() const noexcept { return usage_; }
   [[nodiscard]] std::size_t slice_count() const noexcept { return slots_.live(); }
   [[nodiscard]] std::string report() const;
+  /// Appends this pool's segments, block by block (snapshot.hpp).
+  void snapshot(storage& store, std::vector<snapshot_segment>& out) const;
   [[nodiscard]] std::string check_invariants() const;
 
  private:

@@ -8,6 +8,7 @@
 
 #include "devrt/memory/error.hpp"
 #include "devrt/memory/handle.hpp"
+#include "devrt/memory/snapshot.hpp"
 #include "devrt/memory/storage.hpp"
 #include "devrt/memory/stream.hpp"
 #include "devrt/memory/usage.hpp"
@@ -31,6 +32,9 @@ struct pool_context {
   /// The caller's descriptor that the next slice placed gets instead of a fresh one (see
   /// memory_manager::reserve_into); consumed by attach_new.
   detail::descriptor* into = nullptr;
+  /// The manager's trace of memory events (snapshot.hpp); one branch per page or mapping while it
+  /// is off.
+  memory_history* history = nullptr;
 
   /// Gives a fresh descriptor to a slice at `loc`, with one user handle, or attaches `into`
   /// (whose handles the caller holds already). Returns it.
@@ -74,6 +78,7 @@ struct pool_context {
       ++stats.driver_allocs;
       stats.bytes_reserved += size;
       note_peak();
+      if (tracing()) trace_segment(trace_action::segment_alloc, r->id, r->offset, size);
     } else if (r.code() == errc::out_of_memory) {
       ++stats.out_of_memory;
     }
@@ -81,6 +86,7 @@ struct pool_context {
   }
   /// Queues a page for return to the storage and counts it.
   void free_page(storage_id id, std::uint64_t size) {
+    if (tracing()) trace_segment(trace_action::segment_free, id, 0, size);
     store.dealloc(id);
     ++stats.driver_frees;
     stats.bytes_reserved -= size;
@@ -92,6 +98,7 @@ struct pool_context {
       ++stats.maps;
       stats.bytes_reserved += size;
       note_peak();
+      if (tracing()) trace_segment(trace_action::segment_alloc, range, offset, size);
     } else if (r.code() == errc::out_of_memory) {
       ++stats.out_of_memory;
     }
@@ -99,6 +106,7 @@ struct pool_context {
   }
   /// Unmaps memory from an address range (returned after the device's queued work) and counts it.
   void unmap_memory(storage_id range, std::uint64_t offset, std::uint64_t size) {
+    if (tracing()) trace_segment(trace_action::segment_free, range, offset, size);
     store.unmap(range, offset, size);
     ++stats.unmaps;
     stats.bytes_reserved -= size;
@@ -121,6 +129,10 @@ struct pool_context {
     if (stats.bytes_in_use > stats.peak_bytes_in_use) stats.peak_bytes_in_use = stats.bytes_in_use;
   }
   void sub_in_use(std::uint64_t bytes) { stats.bytes_in_use -= bytes; }
+  [[nodiscard]] bool tracing() const noexcept { return history != nullptr && history->enabled(); }
+  void trace_segment(trace_action a, storage_id id, std::uint64_t offset, std::uint64_t size) {
+    history->add(a, snapshot_address(store, id, offset), size, streams::none);
+  }
 };
 
 /// The state of one live or free slice as lookups see it.

@@ -19,6 +19,7 @@
 #include "devrt/memory/config.hpp"
 #include "devrt/memory/pool_context.hpp"
 #include "devrt/memory/slot_table.hpp"
+#include "devrt/memory/snapshot.hpp"
 
 namespace devrt::memory {
 
@@ -56,6 +57,8 @@ class sliced_pool {
   [[nodiscard]] std::size_t page_count() const noexcept { return pages_.size(); }
   [[nodiscard]] const pool_options& options() const noexcept { return opts_; }
   [[nodiscard]] std::string report() const;
+  /// Appends this pool's segments, block by block (snapshot.hpp).
+  void snapshot(storage& store, std::vector<snapshot_segment>& out) const;
   /// Empty when consistent; otherwise the first violation found.
   [[nodiscard]] std::string check_invariants() const;
 

@@ -11,6 +11,7 @@
 #include <concepts>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 
@@ -221,6 +222,9 @@ class storage {
   /// still returning counts as one.
   [[nodiscard]] std::size_t unmaps_in_flight() const { return impl_->unmaps_in_flight(); }
   [[nodiscard]] std::string name() const { return impl_->name(); }
+  /// The device's free memory, as its driver counts it (cudaMemGetInfo on CUDA); for the
+  /// out-of-memory report, not the reserve path. Absent where a backend does not say.
+  [[nodiscard]] std::optional<std::uint64_t> device_free() { return impl_->device_free(); }
 
   /// The device's calls are about to run on the calling thread (the device thread as it starts, or
   /// a client serving its request in place): sets what they need on this thread (on CUDA the
@@ -296,6 +300,7 @@ class storage {
     [[nodiscard]] virtual std::uint64_t returning() const = 0;
     [[nodiscard]] virtual std::size_t unmaps_in_flight() const = 0;
     [[nodiscard]] virtual std::string name() const = 0;
+    [[nodiscard]] virtual std::optional<std::uint64_t> device_free() = 0;
     virtual std::uint64_t borrow_thread() = 0;
     virtual void return_thread(std::uint64_t saved) = 0;
     virtual void* native_stream() = 0;
@@ -343,6 +348,13 @@ class storage {
         return backend->returning_bytes();
       } else {
         return 0;
+      }
+    }
+    [[nodiscard]] std::optional<std::uint64_t> device_free() override {
+      if constexpr (requires { backend->device_free(); }) {
+        return backend->device_free();
+      } else {
+        return std::nullopt;
       }
     }
     [[nodiscard]] std::size_t unmaps_in_flight() const override {

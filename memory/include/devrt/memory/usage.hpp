@@ -51,6 +51,7 @@ struct memory_statistics {
   std::uint64_t unmaps = 0;                  ///< memory unmapped from address ranges (calls)
   std::uint64_t failed_reserves = 0;         ///< reserves that returned an error
   std::uint64_t out_of_memory = 0;           ///< storage allocations refused by the device
+  std::uint64_t out_of_memory_errors = 0;    ///< reserves that failed with out_of_memory (after a reclaim and retry)
   std::uint64_t cleanups = 0;                ///< explicit cleanups run
   std::uint64_t reclaims = 0;                ///< cleanups forced by an out-of-memory before a retry
   std::uint64_t stream_waits = 0;            ///< times the device waited for streams' fences (memory pressure)

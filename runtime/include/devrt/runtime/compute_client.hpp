@@ -501,6 +501,29 @@ class compute_client {
                                   std::forward<Token>(token));
   }
 
+  /// The device's pools block by block, with the trace recorded so far (memory/snapshot.hpp):
+  /// what `torch.cuda.memory._snapshot()` gives, for one device.
+  template <class Token = default_token>
+  auto snapshot(Token&& token = {}) const {
+    return async_run<memory::memory_snapshot>(
+        [](actor_core& c) { return result<memory::memory_snapshot>(c.manager().snapshot()); },
+        std::forward<Token>(token));
+  }
+
+  /// Starts (or stops) recording this device's trace of memory events for snapshots: at most
+  /// `max_entries`, oldest dropped first; starting anew clears it. Off by default; while on, each
+  /// allocation, free and mapping adds an entry.
+  template <class Token = default_token>
+  auto record_memory_history(bool enabled, std::size_t max_entries = memory::memory_manager::default_history_entries,
+                             Token&& token = {}) const {
+    return async_run<void>(
+        [enabled, max_entries](actor_core& c) {
+          c.manager().record_history(enabled, max_entries);
+          return result<void>();
+        },
+        std::forward<Token>(token));
+  }
+
   /// The manager's consistency check: empty when consistent.
   template <class Token = default_token>
   auto check_invariants(Token&& token = {}) const {

@@ -16,6 +16,7 @@
 // handler); every other member is safe from any thread.
 #pragma once
 
+#include <atomic>
 #include <boost/asio/co_spawn.hpp>
 #include <boost/asio/thread_pool.hpp>
 #include <boost/asio/use_awaitable.hpp>
@@ -30,6 +31,7 @@
 #include "devrt/devices/host_storage.hpp"
 #include "devrt/devices/sim_storage.hpp"
 #include "devrt/memory/config.hpp"
+#include "devrt/memory/snapshot.hpp"
 #include "devrt/runtime/compute_client.hpp"
 #include "devrt/runtime/config.hpp"
 #include "devrt/runtime/device_actor.hpp"
@@ -115,6 +117,20 @@ class runtime {
   /// (`report().table()`). Waits for each device's answer; a device that has shut down is listed
   /// with the reason. Not from a device strand (its own device would have to answer first).
   [[nodiscard]] runtime_report report() const;
+  /// Every started device's snapshot (memory/snapshot.hpp), the host first, then the sim device,
+  /// then the CUDA devices by index. `memory::to_pickle` writes them for PyTorch's memory viewer.
+  /// Not from a device strand.
+  [[nodiscard]] std::vector<memory::memory_snapshot> snapshot() const;
+  /// Starts (or stops) recording the trace of memory events on every device, those started later
+  /// included: at most `max_entries` per device (see compute_client::record_memory_history).
+  void record_memory_history(bool enabled,
+                             std::size_t max_entries = memory::memory_manager::default_history_entries) const;
+  /// Every started device's gauges and counters in the OpenMetrics text format, for a server's
+  /// /metrics: bytes reserved, in use, returning, held for streams and their peaks; reserves,
+  /// failed reserves, maps, unmaps, driver allocations and frees, fences, stream waits, refusals
+  /// by the device, cleanups, reclaims, each labelled with its device. Ends with "# EOF".
+  /// Not from a device strand.
+  [[nodiscard]] std::string metrics_text() const;
 
  private:
   std::shared_ptr<device_actor> make_actor(device_info info, memory::storage store,
@@ -133,6 +149,9 @@ class runtime {
   mutable std::mutex mutex_;
   mutable std::vector<std::shared_ptr<device_actor>> actors_;
   bool stopped_ = false;
+  // record_memory_history's setting, for the devices that start later.
+  mutable std::atomic<bool> history_on_{false};
+  mutable std::atomic<std::size_t> history_entries_{memory::memory_manager::default_history_entries};
 };
 
 }  // namespace devrt::runtime
