@@ -462,6 +462,7 @@ std::string usage() {
   return fmt::format(R"(usage: devrt-inspect [--device D] [--layout L] [--json] [--bytes]
        devrt-inspect [--device D] --check L [--json]
        devrt-inspect --config FILE [--json]
+       devrt-inspect snapshot --trace FILE [...]   (see devrt-inspect snapshot --help)
 
 Shows how devrt lays out the memory of a device: the pools of a layout in routing order, with
 their sizes aligned to the device and the request sizes each one serves.
@@ -478,6 +479,7 @@ their sizes aligned to the device and the request sizes each one serves.
                     change
   --config FILE     validate a devrt config file (persistent_memory, log_level) and show the
                     settings a runtime started with it uses, DEVRT_* variables included
+  snapshot ...      replay an allocation trace and write its memory snapshot (PyTorch's format)
   --json            one JSON object on stdout
   --bytes           sizes as numbers of bytes
   --help            this text
@@ -639,6 +641,7 @@ result<std::vector<device_entry>> devices_of(const cli_options& o) {
 
 int run_cli(const std::vector<std::string>& args, std::ostream& out, std::ostream& err,
             const runtime::env_lookup& env) {
+  if (!args.empty() && args[0] == "snapshot") return run_snapshot({args.begin() + 1, args.end()}, out, err);
   auto parsed = parse_args(args);
   if (!parsed) {
     err << "devrt-inspect: " << parsed.err().text << "\n(see devrt-inspect --help)\n";

@@ -3,6 +3,7 @@
 //   devrt-inspect [--device D] [--layout L]   the resolved pools of layout L on device D
 //   devrt-inspect [--device D] --check L      whether L is valid on D, and what to change if not
 //   devrt-inspect --config FILE               the settings a runtime config file resolves to
+//   devrt-inspect snapshot --trace FILE ...   a trace replayed, its memory snapshot written
 //
 // Exit codes: 0 done (the layout or file is valid), 1 the layout or config file is invalid or the
 // device cannot be used, 2 bad usage.
@@ -55,6 +56,11 @@ struct device_entry {
 /// The devices the options name. Errors: device_error when a GPU cannot be used (or this build
 /// has no CUDA), with the reason in its text.
 result<std::vector<device_entry>> devices_of(const cli_options& o);
+
+/// `devrt-inspect snapshot ...` (its arguments after the word): replays a trace and writes a memory
+/// snapshot (snapshot_command.cpp). Exit codes as run_cli's.
+int run_snapshot(const std::vector<std::string>& args, std::ostream& out, std::ostream& err);
+std::string snapshot_usage();
 
 /// Runs devrt-inspect; `env` supplies the DEVRT_* variables that --config reports on.
 int run_cli(const std::vector<std::string>& args, std::ostream& out, std::ostream& err,
