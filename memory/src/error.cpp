@@ -68,7 +68,8 @@ std::string error::message() const {
                      ? fmt::format(" [{}{}]", detail, text.empty() || text == detail ? std::string() : ": " + text)
                      : std::string(),
                  in_use, limit) +
-             (context.empty() ? std::string() : "\n" + context.substr(0, context.size() - (context.back() == '\n')));
+             fmt::format("{}{}", context.empty() ? "" : "\n",
+                         std::string_view(context).substr(0, context.size() - (context.ends_with('\n') ? 1 : 0)));
     case errc::empty_pool_list: return "invalid layout: the pool list is empty";
     case errc::zero_size: return fmt::format("invalid layout{}: `{}` must be non-zero", where, detail);
     case errc::slice_larger_than_page:
