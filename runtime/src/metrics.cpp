@@ -63,15 +63,7 @@ constexpr family families[] = {
 }  // namespace
 
 std::string runtime::metrics_text() const {
-  std::vector<std::shared_ptr<device_actor>> actors;
-  {
-    std::lock_guard lock(mutex_);
-    actors = actors_;
-  }
-  std::sort(actors.begin(), actors.end(), [](const auto& a, const auto& b) {
-    return std::pair(static_cast<int>(a->info().kind), a->info().index) <
-           std::pair(static_cast<int>(b->info().kind), b->info().index);
-  });
+  const std::vector<std::shared_ptr<device_actor>> actors = started_actors();
   using both = std::pair<memory::memory_statistics, memory::memory_usage>;
   // One message per device: its statistics and its live count at the same point of its strand.
   const auto ask = [](const std::shared_ptr<device_actor>& a) {

@@ -72,15 +72,7 @@ std::string runtime_report::to_string() const {
 }
 
 runtime_report runtime::report() const {
-  std::vector<std::shared_ptr<device_actor>> actors;
-  {
-    std::lock_guard lock(mutex_);
-    actors = actors_;
-  }
-  std::sort(actors.begin(), actors.end(), [](const auto& a, const auto& b) {
-    return std::pair(static_cast<int>(a->info().kind), a->info().index) <
-           std::pair(static_cast<int>(b->info().kind), b->info().index);
-  });
+  const std::vector<std::shared_ptr<device_actor>> actors = started_actors();
   runtime_report out;
   // Every device is asked first, then every answer awaited: the devices work at once.
   struct pending {

@@ -136,6 +136,19 @@ void runtime::shutdown() noexcept {
   // Completions already handed to the completion threads run there; nothing is dropped.
 }
 
+std::vector<std::shared_ptr<device_actor>> runtime::started_actors() const {
+  std::vector<std::shared_ptr<device_actor>> actors;
+  {
+    std::lock_guard lock(mutex_);
+    actors = actors_;
+  }
+  std::sort(actors.begin(), actors.end(), [](const auto& a, const auto& b) {
+    return std::pair(static_cast<int>(a->info().kind), a->info().index) <
+           std::pair(static_cast<int>(b->info().kind), b->info().index);
+  });
+  return actors;
+}
+
 const std::shared_ptr<device_actor>* runtime::find(device_kind kind, int index) const {
   for (const auto& a : actors_) {
     if (a->info().kind == kind && a->info().index == index) return &a;

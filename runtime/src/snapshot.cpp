@@ -1,30 +1,10 @@
 // runtime::snapshot and runtime::record_memory_history: every device's memory, block by block.
-#include <algorithm>
-
 #include "devrt/runtime/runtime.hpp"
 
 namespace devrt::runtime {
 
-namespace {
-
-// The host, the sim device, then the CUDA devices by index.
-std::vector<std::shared_ptr<device_actor>> sorted(std::vector<std::shared_ptr<device_actor>> actors) {
-  std::sort(actors.begin(), actors.end(), [](const auto& a, const auto& b) {
-    return std::pair(static_cast<int>(a->info().kind), a->info().index) <
-           std::pair(static_cast<int>(b->info().kind), b->info().index);
-  });
-  return actors;
-}
-
-}  // namespace
-
 std::vector<memory::memory_snapshot> runtime::snapshot() const {
-  std::vector<std::shared_ptr<device_actor>> actors;
-  {
-    std::lock_guard lock(mutex_);
-    actors = actors_;
-  }
-  actors = sorted(std::move(actors));
+  const std::vector<std::shared_ptr<device_actor>> actors = started_actors();
   // Every device is asked first, then every answer awaited: the devices work at once.
   std::vector<decltype(std::declval<compute_client>().snapshot())> asked;
   asked.reserve(actors.size());
@@ -43,11 +23,7 @@ std::vector<memory::memory_snapshot> runtime::snapshot() const {
 void runtime::record_memory_history(bool enabled, std::size_t max_entries) const {
   history_entries_.store(max_entries);
   history_on_.store(enabled);
-  std::vector<std::shared_ptr<device_actor>> actors;
-  {
-    std::lock_guard lock(mutex_);
-    actors = actors_;
-  }
+  const std::vector<std::shared_ptr<device_actor>> actors = started_actors();
   std::vector<decltype(std::declval<compute_client>().record_memory_history(true))> asked;
   asked.reserve(actors.size());
   for (const auto& a : actors) asked.push_back(compute_client(a).record_memory_history(enabled, max_entries));

@@ -23,6 +23,10 @@
 #   torch-bench  tools/torch_bench/workload.py, runs $TORCH_FIRST (1) to $TORCH_RUNS (5) of each of $TORCH_WORKLOADS
 #                (gpt2_train bert_infer) under PyTorch's allocator, devrt, and devrt with every
 #                request sent to the device thread (DEVRT_SERVE_IN_PLACE=0), the order rotated
+#   snapshot     tools/torch_bench's gpt2_train under devrt with a memory snapshot at the end of
+#                its measured part; PyTorch's viewer (torch.cuda._memory_viz stats, segsum, trace,
+#                trace_plot) on it, its totals against devrt's statistics; tests/python/test_snapshot.py
+#                (PyTorch's viewer on a host snapshot); an out-of-memory message from cuda:0
 #   all          tests tests-lazy memcheck torch replay demo bench latency
 set -u
 cd "$(dirname "$0")/../.."
@@ -71,6 +75,63 @@ step_memcheck() {
 
 step_torch() {
   DEVRT_LIBRARY=$G/lib/libdevrt_c.so PYTHONPATH=python run timeout 120 python3 tests/cuda/torch_stream_order.py
+}
+
+step_snapshot() {
+  local lib=$G/lib/libdevrt_c.so sub
+  PYTHONPATH=python run timeout 300 python3 tools/torch_bench/workload.py --workload gpt2_train --allocator devrt \
+    --lib "$lib" --snapshot "$OUT/gpt2_train.pickle" --out "$OUT/gpt2_train_snapshot.json"
+  for sub in stats segsum; do
+    echo "== python3 -m torch.cuda._memory_viz $sub gpt2_train.pickle"
+    python3 -m torch.cuda._memory_viz "$sub" "$OUT/gpt2_train.pickle" >"$OUT/viz_$sub.txt" 2>&1
+    echo "exit $?"
+    head -c 2500 "$OUT/viz_$sub.txt"
+    echo
+    echo "..."
+    tail -12 "$OUT/viz_$sub.txt"
+  done
+  echo "== python3 -m torch.cuda._memory_viz trace gpt2_train.pickle"
+  python3 -m torch.cuda._memory_viz trace "$OUT/gpt2_train.pickle" >"$OUT/viz_trace.txt" 2>&1
+  echo "exit $?; $(wc -l <"$OUT/viz_trace.txt") lines"
+  head -20 "$OUT/viz_trace.txt"
+  echo "..."
+  tail -6 "$OUT/viz_trace.txt"
+  echo
+  run python3 -m torch.cuda._memory_viz trace_plot "$OUT/gpt2_train.pickle" -o "$OUT/gpt2_train.html"
+  ls -la "$OUT/gpt2_train.html"
+  echo "== the snapshot's totals against devrt's statistics of the same moment"
+  OUT=$OUT python3 - <<'PY'
+import json, os, pickle
+out = os.environ["OUT"]
+snap = pickle.load(open(f"{out}/gpt2_train.pickle", "rb"))
+st = json.load(open(f"{out}/gpt2_train.pickle.stats.json"))
+reserved = sum(s["total_size"] for s in snap["segments"])
+allocated = sum(b["requested_size"] for s in snap["segments"] for b in s["blocks"] if b["state"] == "active_allocated")
+bad = [s for s in snap["segments"] if sum(b["size"] for b in s["blocks"]) != s["total_size"]]
+acts = {}
+for e in snap["device_traces"][0]:
+    acts[e["action"]] = acts.get(e["action"], 0) + 1
+print(f"segments {len(snap['segments'])}, blocks {sum(len(s['blocks']) for s in snap['segments'])}, "
+      f"segments whose blocks do not add up: {len(bad)}")
+print(f"total_reserved {reserved} vs devrt reserved_bytes {st['reserved_bytes']}: "
+      f"{'equal' if reserved == st['reserved_bytes'] else 'DIFFERENT'}")
+print(f"total_allocated {allocated} vs devrt in_use_bytes {st['in_use_bytes']}: "
+      f"{'equal' if allocated == st['in_use_bytes'] else 'DIFFERENT'}")
+print("trace actions:", acts)
+PY
+  DEVRT_LIBRARY=$lib run timeout 120 python3 -m unittest discover -s tests/python -p test_snapshot.py
+  echo "== an out-of-memory message from cuda:0"
+  DEVRT_LIBRARY=$lib PYTHONPATH=python timeout 120 python3 - <<'PY'
+import devrt
+devrt.init(use_cuda=True)
+held = [devrt.malloc(100 << 30, 0)] + [devrt.malloc(1 << 30, 0) for _ in range(3)]
+try:
+    devrt.malloc(60 << 30, 0)
+except devrt.DevrtOutOfMemoryError as e:
+    print(e)
+for p in held:
+    devrt.free(p, 0)
+PY
 }
 
 step_replay() {

@@ -136,6 +136,8 @@ class runtime {
   std::shared_ptr<device_actor> make_actor(device_info info, memory::storage store,
                                            const memory::memory_layout& layout) const;
   [[nodiscard]] const std::shared_ptr<device_actor>* find(device_kind kind, int index) const;
+  /// The actors started so far: the host, the sim device, then the CUDA devices by index.
+  [[nodiscard]] std::vector<std::shared_ptr<device_actor>> started_actors() const;
 
   runtime_config config_;
   std::shared_ptr<spdlog::logger> log_;
