@@ -241,8 +241,18 @@ void memory_manager::explain_out_of_memory(error& e, std::uint64_t size, stream_
         "hint: devrt holds {} of the device's {}; the rest is held outside devrt (another allocator or "
         "process, the CUDA context)\n",
         format_bytes(st.bytes_reserved), format_bytes(props_.capacity));
+  } else if (props_.capacity != 0 && st.bytes_in_use + size > props_.capacity) {
+    out +=
+        "hint: the live allocations and the request need more than the device has: free some of them, or "
+        "use smaller requests\n";
+  } else if (props_.capacity != 0 && st.bytes_in_use + size > props_.capacity - props_.capacity / 20) {
+    out +=
+        "hint: the live allocations and the request need nearly all of the device: free some of them, or use "
+        "smaller requests\n";
   } else {
-    out += "hint: the live allocations need the memory: free some of them, or use smaller requests\n";
+    out +=
+        "hint: the device refused memory the live allocations leave room for: memory held outside devrt, "
+        "memory still on its way back, or the device's reason in brackets above\n";
   }
   e.context = std::move(out);
 }

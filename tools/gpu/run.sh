@@ -24,7 +24,7 @@
 #                (gpt2_train bert_infer) under PyTorch's allocator, devrt, and devrt with every
 #                request sent to the device thread (DEVRT_SERVE_IN_PLACE=0), the order rotated
 #   snapshot     tools/torch_bench's gpt2_train under devrt with a memory snapshot at the end of
-#                its measured part; PyTorch's viewer (torch.cuda._memory_viz stats, segsum, trace,
+#                its measured part; PyTorch's viewer (torch.cuda._memory_viz stats (its segsum), trace,
 #                trace_plot) on it, its totals against devrt's statistics; tests/python/test_snapshot.py
 #                (PyTorch's viewer on a host snapshot); an out-of-memory message from cuda:0
 #   all          tests tests-lazy memcheck torch replay demo bench latency
@@ -81,7 +81,7 @@ step_snapshot() {
   local lib=$G/lib/libdevrt_c.so sub
   PYTHONPATH=python run timeout 300 python3 tools/torch_bench/workload.py --workload gpt2_train --allocator devrt \
     --lib "$lib" --snapshot "$OUT/gpt2_train.pickle" --out "$OUT/gpt2_train_snapshot.json"
-  for sub in stats segsum; do
+  for sub in stats; do
     echo "== python3 -m torch.cuda._memory_viz $sub gpt2_train.pickle"
     python3 -m torch.cuda._memory_viz "$sub" "$OUT/gpt2_train.pickle" >"$OUT/viz_$sub.txt" 2>&1
     echo "exit $?"
