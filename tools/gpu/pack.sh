@@ -3,12 +3,13 @@
 # the release build's binaries (built for the H200, sm_90), libdevrt_c.so, the shared libraries the
 # GPU machine may lack (never the driver), and the allocation traces.
 #
-#   bash tools/gpu/pack.sh [TRACES_DIR]      TRACES_DIR: where llama_serve and gpt2_train are
-#                                            (default ../shared/traces); the others are in the repo
+#   bash tools/gpu/pack.sh [TRACES_DIR]      TRACES_DIR: a folder holding llama_serve and gpt2_train
+#                                            (large, not in the repository); without it only the
+#                                            traces in tools/replay/traces are packed
 # Then, on the GPU machine (device tool, carry [".gpu"]):  bash tools/gpu/run.sh STEP...
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-traces=${1:-../shared/traces}
+traces=${1:-}
 bash tools/setup.sh
 cmake --preset release -DCMAKE_CUDA_ARCHITECTURES=90 >/dev/null
 cmake --build --preset release -j "$(nproc)"
@@ -29,6 +30,7 @@ done
 cp -f build/release/runtime/libdevrt_c.so .gpu/lib/
 cp -f tools/replay/traces/*.trace.gz .gpu/traces/
 for t in llama_serve gpt2_train; do
+  [ -n "$traces" ] || break
   if [ -f "$traces/$t.trace.gz" ]; then cp -f "$traces/$t.trace.gz" .gpu/traces/; else echo "pack: no $traces/$t.trace.gz" >&2; fi
 done
 du -sh .gpu
