@@ -132,6 +132,17 @@ except devrt.DevrtOutOfMemoryError as e:
 for p in held:
     devrt.free(p, 0)
 PY
+  echo "== the same under PyTorch, through devrt.torch.oom_errors()"
+  DEVRT_LIBRARY=$lib PYTHONPATH=python timeout 120 python3 - <<'PY'
+import torch, devrt.torch
+devrt.torch.install()
+held = [torch.empty(100 << 30, dtype=torch.uint8, device="cuda")]
+try:
+    with devrt.torch.oom_errors():
+        torch.empty(60 << 30, dtype=torch.uint8, device="cuda")
+except torch.OutOfMemoryError as e:
+    print(type(e).__name__ + ":", str(e)[:2500])
+PY
 }
 
 step_replay() {
