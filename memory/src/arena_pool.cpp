@@ -9,7 +9,7 @@
 
 namespace devrt::memory {
 
-arena_pool::arena_pool(const pool_options& opts, std::uint64_t alignment, std::uint8_t pool_index)
+arena_pool::arena_pool(const pool_options& opts, std::uint64_t alignment, std::uint16_t pool_index)
     : opts_(opts), alignment_(std::max<std::uint64_t>(alignment, 1)), index_(pool_index) {
   granule_ = std::max(align_up(std::max<std::uint64_t>(opts.page_size, 1), alignment_), alignment_);
   space_ = std::max(align_up(opts.max_pool_size.value_or(granule_), granule_), granule_);
@@ -486,9 +486,68 @@ inline void arena_pool::unuse_mappings(const slice_node& s) {
   const std::uint64_t last = granule_of(s.offset + s.extent - 1);
   for (std::uint64_t g = first; g <= last;) {
     const std::uint32_t m = granules_[g].mapping;
-    if (--mappings_[m].used == 0) push_free(m);
-    g = mappings_[m].first + mappings_[m].count;
+    mapping_state& ms = mappings_[m];
+    g = ms.first + ms.count;
+    if (--ms.used != 0) continue;
+    if (!ms.asleep) {
+      push_free(m);
+      continue;
+    }
+    // Asleep and no longer used: nothing is mapped there, so only the bookkeeping goes.
+    sleeping_ -= ms.count;
+    for (std::uint64_t k = ms.first; k < ms.first + ms.count; ++k) granules_[k].mapping = npos;
+    ms.asleep = false;
+    ms.in_use_slot = false;
+    mappings_.release(m);
   }
+}
+
+void arena_pool::sleep(pool_context& ctx) {
+  if (asleep_) return;
+  trim(ctx, 0);  // the free mappings go back as in an explicit cleanup
+  asleep_list_.clear();
+  for (std::uint32_t m = 0; m < mappings_.size(); ++m) {
+    mapping_state& s = mappings_[m];
+    if (!s.in_use_slot || s.ghost || s.asleep || s.used == 0) continue;
+    ctx.unmap_memory(range_, s.first * granule_, s.count * granule_);
+    mapped_ -= s.count;
+    usage_.bytes_reserved -= s.count * granule_;
+    s.asleep = true;
+    sleeping_ += s.count;
+    asleep_list_.push_back(m);
+  }
+  asleep_ = true;
+}
+
+result<void> arena_pool::wake(pool_context& ctx) {
+  if (!asleep_) return {};
+  // Where unmaps complete behind queued work, what they left must reach the device first.
+  ctx.push_unmaps();
+  std::size_t done = 0;
+  for (; done < asleep_list_.size(); ++done) {
+    const mapping_state& s = mappings_[asleep_list_[done]];
+    if (!s.in_use_slot || !s.asleep) continue;  // forgotten while asleep
+    if (auto r = ctx.map_memory(range_, s.first * granule_, s.count * granule_); !r) {
+      // Back to how it was: what this call mapped is unmapped again.
+      for (std::size_t i = 0; i < done; ++i) {
+        const mapping_state& u = mappings_[asleep_list_[i]];
+        if (u.in_use_slot && u.asleep) ctx.unmap_memory(range_, u.first * granule_, u.count * granule_);
+      }
+      return r;
+    }
+  }
+  for (const std::uint32_t m : asleep_list_) {
+    mapping_state& s = mappings_[m];
+    if (!s.in_use_slot || !s.asleep) continue;
+    s.asleep = false;
+    s.stamp = ++map_calls_;
+    mapped_ += s.count;
+    usage_.bytes_reserved += s.count * granule_;
+  }
+  sleeping_ = 0;
+  asleep_list_.clear();
+  asleep_ = false;
+  return {};
 }
 
 arena_pool::tag_list* arena_pool::find_list(std::uint64_t tag) noexcept {
@@ -735,7 +794,7 @@ void arena_pool::release_all(pool_context& ctx) {
   }
   // Unmap every mapping, then give the addresses back.
   for (std::uint32_t m = 0; m < mappings_.size(); ++m) {
-    if (mappings_[m].in_use_slot && !mappings_[m].ghost)
+    if (mappings_[m].in_use_slot && !mappings_[m].ghost && !mappings_[m].asleep)
       ctx.unmap_memory(range_, mappings_[m].first * granule_, mappings_[m].count * granule_);
   }
   if (range_ != 0) ctx.store.release_range(range_);
@@ -752,6 +811,9 @@ void arena_pool::release_all(pool_context& ctx) {
   tagged_ = 0;
   ghosts_ = 0;
   ghost_list_.clear();
+  asleep_ = false;
+  sleeping_ = 0;
+  asleep_list_.clear();
   usage_ = memory_usage{};
 }
 
@@ -955,6 +1017,7 @@ std::string arena_pool::check_invariants() const {
   std::uint64_t mapped = 0;
   std::uint64_t free_mapped = 0;
   std::size_t ghosts = 0;
+  std::uint64_t asleep_seen = 0;
   for (std::uint32_t mi = 0; mi < mappings_.size(); ++mi) {
     const mapping_state& m = mappings_[mi];
     if (!m.in_use_slot) continue;
@@ -971,6 +1034,12 @@ std::string arena_pool::check_invariants() const {
     const std::uint64_t used = slices_on[mi];
     if (used != m.used)
       return fmt::format("arena {}: mapping {} counts {} live slices, not {}", index_, mi, m.used, used);
+    if (m.asleep) {
+      if (!asleep_ || m.listed || used == 0)
+        return fmt::format("arena {}: asleep mapping {} is listed, unused, or in an awake pool", index_, mi);
+      asleep_seen += m.count;
+      continue;
+    }
     if (m.listed != (used == 0)) {
       return fmt::format("arena {}: mapping {} with {} live slices is {} the free list", index_, mi, used,
                          m.listed ? "on" : "off");
@@ -987,6 +1056,8 @@ std::string arena_pool::check_invariants() const {
     if (listed > mapped) return fmt::format("arena {}: free mapping list has a cycle", index_);
     before = mi;
   }
+  if (asleep_seen != sleeping_)
+    return fmt::format("arena {}: {} asleep granules counted as {}", index_, asleep_seen, sleeping_);
   if (ghosts != ghosts_) return fmt::format("arena {}: {} ghost mappings counted as {}", index_, ghosts, ghosts_);
   if (mapped != mapped_ || free_mapped != free_mapped_ || listed != free_mapped) {
     return fmt::format("arena {}: {} mapped / {} free granules counted as {} / {} ({} listed)", index_, mapped,

@@ -31,6 +31,7 @@ const char* to_string(errc c) noexcept {
     case errc::task_failed: return "task_failed";
     case errc::unsupported: return "unsupported";
     case errc::would_deadlock: return "would_deadlock";
+    case errc::asleep: return "asleep";
   }
   return "unknown";
 }
@@ -104,6 +105,9 @@ std::string error::message() const {
     case errc::capture_active: return fmt::format("not allowed during a capture: {}", detail);
     case errc::no_capture: return fmt::format("no capture window is open: {}", detail);
     case errc::shutdown: return fmt::format("the runtime is shut down: {}", detail);
+    case errc::asleep:
+      return fmt::format("cannot allocate {} bytes with tag '{}': the tag is asleep on this device; wake it first",
+                         size, text);
     case errc::device_error: return fmt::format("device error: {}{}", detail, where);
     case errc::task_failed: return fmt::format("a submitted task failed: {}{}", detail, where);
     case errc::unsupported: return fmt::format("not supported by this device: {}{}", detail, where);

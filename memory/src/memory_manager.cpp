@@ -26,6 +26,21 @@ std::vector<pool_options> resolve_or_throw(const memory_layout& layout, const de
 
 }  // namespace
 
+template <class F>
+void memory_manager::for_each_pool(F&& f) {
+  for (auto& p : pools_) f(p);
+  for (auto& t : tags_) {
+    if (t != nullptr && t->arena() != nullptr) f(t->pool);
+  }
+}
+template <class F>
+void memory_manager::for_each_pool(F&& f) const {
+  for (const auto& p : pools_) f(p);
+  for (const auto& t : tags_) {
+    if (t != nullptr && t->arena() != nullptr) f(t->pool);
+  }
+}
+
 memory_manager::memory_manager(storage store, manager_options opts)
     : store_(std::move(store)),
       opts_(std::move(opts)),
@@ -60,6 +75,7 @@ memory_manager::~memory_manager() {
   });
   ctx_.detached_in_flight = 0;
   release_pools();
+  release_tag_spaces();
   persistent_.release_all(ctx_);
   (void)store_.flush();
   // A drop that was handing a descriptor to the queue when its slice was detached finishes its
@@ -137,7 +153,7 @@ void memory_manager::release_one(detail::descriptor* d) {
   };
   if (order_.ordered() && d->stream_reg != nullptr && (order_.tagged() || d->more_streams != nullptr)) {
     const bool arena = d->loc.pool != location::persistent_pool &&
-                       std::holds_alternative<std::unique_ptr<arena_pool>>(pools_[d->loc.pool]);
+                       std::holds_alternative<std::unique_ptr<arena_pool>>(pool_at(d->loc.pool));
     if (d->more_streams == nullptr && arena && streams::reusable_in_order(d->stream)) {
       // Free at once for its own stream, for the others once the stream's fence has passed.
       stream_state& own = *d->stream_reg;
@@ -264,7 +280,8 @@ memory_snapshot memory_manager::snapshot() {
   out.device = opts_.name;
   out.statistics = statistics();
   persistent_.snapshot(store_, out.segments);
-  for (const auto& p : pools_) visit_pool(p, [&](const auto& pool) { pool.snapshot(store_, out.segments); });
+  for_each_pool(
+      [&](const dynamic_pool& p) { visit_pool(p, [&](const auto& pool) { pool.snapshot(store_, out.segments); }); });
   std::sort(out.segments.begin(), out.segments.end(),
             [](const snapshot_segment& a, const snapshot_segment& b) { return a.address < b.address; });
   out.trace = history_.entries();
@@ -287,10 +304,15 @@ void memory_manager::release_streams(detail::descriptor* d) {
 
 void memory_manager::release_to_pool(detail::descriptor* d, std::uint64_t tag) {
   const location loc = d->loc;
+  if (tag_space* t = find_space(d->tag)) {
+    t->bytes_in_use -= d->bytes.load(std::memory_order_relaxed);
+    --t->allocations;
+    d->tag = 0;
+  }
   if (loc.pool == location::persistent_pool) {
     persistent_.release(ctx_, loc);
   } else {
-    visit_pool(pools_[loc.pool], [&](auto& pool) {
+    visit_pool(pool_at(loc.pool), [&](auto& pool) {
       if constexpr (std::is_same_v<std::decay_t<decltype(pool)>, arena_pool>) {
         pool.release(ctx_, loc, tag, order_.epoch());
       } else {
@@ -312,28 +334,34 @@ void memory_manager::harvest() {
     release_to_pool(d, 0);
   });
   bool freed = false;
-  for (auto& p : pools_) {
+  for_each_pool([&](dynamic_pool& p) {
     if (auto* a = std::get_if<std::unique_ptr<arena_pool>>(&p)) freed = (*a)->harvest(ctx_, false) || freed;
-  }
+  });
   order_.collect();
   if (cleanup_owed_ && !capture_) {
     // What an explicit cleanup could not give back because streams still used it.
     persistent_.cleanup(ctx_, true);
-    for (auto& pool : pools_) visit_pool(pool, [&](auto& x) { x.cleanup(ctx_, true); });
+    for_each_pool([&](dynamic_pool& pool) { visit_pool(pool, [&](auto& x) { x.cleanup(ctx_, true); }); });
     cleanup_owed_ = order_.reclaimable();
   }
   (void)freed;
 }
 
-void memory_manager::publish(detail::descriptor* d, std::uint64_t size, stream_id q, stream_state* reg) {
+void memory_manager::publish(detail::descriptor* d, std::uint64_t size, stream_id q, stream_state* reg, tag_id tag) {
   d->stream = q;
+  d->tag = tag;
+  if (tag != 0) {
+    tag_space& t = space_of(tag);
+    t.bytes_in_use += size;
+    ++t.allocations;
+  }
   d->sequence = stats_.reserves;
   d->stream_reg = reg;  // the reference the reserve took
   d->fence_at_free = reg != nullptr && reg->fence != nullptr;
   void* ptr = nullptr;
   arena_pool* arena = nullptr;
   if (d->loc.pool != location::persistent_pool) {
-    if (auto* a = std::get_if<std::unique_ptr<arena_pool>>(&pools_[d->loc.pool])) {
+    if (auto* a = std::get_if<std::unique_ptr<arena_pool>>(&pool_at(d->loc.pool))) {
       arena = a->get();
       // An arena's addresses are its range's base plus the offset: no lookup in the storage.
       if (arena->address_of(d->loc.slice, ptr)) {
@@ -411,30 +439,30 @@ result<detail::descriptor*> memory_manager::reserve_persistent(std::uint64_t siz
   return *r;
 }
 
-result<memory_handle> memory_manager::reserve(std::uint64_t size, stream_id q) {
-  auto r = reserve_raw(size, q);
+result<memory_handle> memory_manager::reserve(std::uint64_t size, stream_id q, tag_id tag) {
+  auto r = reserve_raw(size, q, tag);
   if (!r) return std::move(r).err();
   return memory_handle::adopt(*r);
 }
 
-result<void> memory_manager::reserve_into(std::uint64_t size, const memory_handle& handle, stream_id q) {
+result<void> memory_manager::reserve_into(std::uint64_t size, const memory_handle& handle, stream_id q, tag_id tag) {
   detail::descriptor* d = handle.raw();
   if (d == nullptr) return error::make(errc::invalid_argument, "the handle to reserve into is empty");
   if (d->loc.init || (d->state.load(std::memory_order_acquire) & detail::descriptor::attached_bit) != 0) {
     return error::make(errc::already_bound, "the handle to reserve into already has memory");
   }
   ctx_.into = d;
-  auto r = reserve_raw(size, q);
+  auto r = reserve_raw(size, q, tag);
   ctx_.into = nullptr;  // not consumed when the reserve failed
   if (!r) return std::move(r).err();
   return {};
 }
 
-result<detail::descriptor*> memory_manager::reserve_raw(std::uint64_t size, stream_id q) {
+result<detail::descriptor*> memory_manager::reserve_raw(std::uint64_t size, stream_id q, tag_id tag) {
   // One call, one count: a reserve that succeeds after a reclaim is no failure.
-  auto r = reserve_attempt(size, q);
+  auto r = reserve_attempt(size, q, tag);
   if (!r && r.code() == errc::out_of_memory && opts_.reclaim_on_out_of_memory) {
-    if (auto c = reclaim(); c) r = reserve_attempt(size, q);
+    if (auto c = reclaim(); c) r = reserve_attempt(size, q, tag);
   }
   if (!r) {
     ++stats_.failed_reserves;
@@ -448,7 +476,7 @@ result<detail::descriptor*> memory_manager::reserve_raw(std::uint64_t size, stre
   return r;
 }
 
-result<detail::descriptor*> memory_manager::reserve_attempt(std::uint64_t size, stream_id q) {
+result<detail::descriptor*> memory_manager::reserve_attempt(std::uint64_t size, stream_id q, tag_id tag) {
   if (q == streams::none) q = streams::device;
   process_releases();
   stream_state* reg = nullptr;
@@ -469,12 +497,12 @@ result<detail::descriptor*> memory_manager::reserve_attempt(std::uint64_t size, 
     order_.ref(*reg);
   }
   const std::uint64_t pages_before = stats_.driver_allocs;
-  auto r = reserve_on(size);
+  auto r = reserve_on(size, tag);
   if (!r && r.code() == errc::out_of_memory && order_.reclaimable()) {
     // Memory pressure: wait for the streams' fences (counted), free what they held, try again.
     order_.wait_all();
     harvest();
-    r = reserve_on(size);
+    r = reserve_on(size, tag);
   }
   if (!r) {
     if (reg != nullptr) order_.unref(*reg);
@@ -491,12 +519,12 @@ result<detail::descriptor*> memory_manager::reserve_attempt(std::uint64_t size, 
       (void)store_.synchronize();
     }
   }
-  publish(*r, size, q, reg);
+  publish(*r, size, q, reg, tag);
   if (history_.enabled()) history_.add(trace_action::alloc, trace_address(*r), size, q);
   return r;
 }
 
-result<detail::descriptor*> memory_manager::reserve_on(std::uint64_t size) {
+result<detail::descriptor*> memory_manager::reserve_on(std::uint64_t size, tag_id tag) {
   const std::uint64_t limit = props_.capacity != 0 ? props_.capacity : max_reserve_size;
   if (size > limit) {
     // Also keeps every size far from overflow when it is rounded to the alignment.
@@ -506,6 +534,27 @@ result<detail::descriptor*> memory_manager::reserve_on(std::uint64_t size) {
     return e;
   }
   ++reserve_count_;
+  if (tag != 0 && !capture_) {
+    tag_space& t = space_of(tag);
+    if (arena_pool* a = t.arena()) {
+      if (t.state == tag_state::asleep) {
+        error e = error::make(errc::asleep);
+        e.size = size;
+        e.text = std::string(tag_of(tag).view());
+        return e;
+      }
+      if (!a->accept(size)) {
+        error e = error::make(errc::buffer_too_big);
+        e.size = size;
+        e.limit = a->options().max_alloc_size;
+        return e;
+      }
+      auto r = a->alloc(ctx_, size);
+      if (!r) return std::move(r).err();
+      ++stats_.reserves;
+      return *r;
+    }
+  }
   const bool persistent_mode = mode_ == allocation_mode::persistent;
   const bool size_match = opts_.policy == persistent_policy::size_match;
   if (only_arena_ != nullptr && !persistent_mode && !size_match && only_arena_->accept(size)) {
@@ -554,8 +603,10 @@ result<slice_view> memory_manager::find(const detail::descriptor* d) const {
   const location& loc = d->loc;
   if (!loc.init) return error::make(errc::not_found, "the memory location was never initialized");
   if (loc.pool == location::persistent_pool) return persistent_.find(d);
-  if (loc.pool >= pools_.size()) return error::make(errc::not_found, "the memory pool does not exist");
-  return visit_pool(pools_[loc.pool], [&](const auto& pool) { return pool.find(d); });
+  if (!has_pool(loc.pool)) return error::make(errc::not_found, "the memory pool does not exist");
+  return visit_pool(
+      const_cast<memory_manager*>(this)->pool_at(loc.pool),  // NOLINT(cppcoreguidelines-pro-type-const-cast)
+      [&](const auto& pool) { return pool.find(d); });
 }
 
 // `reserved` is consumed (reset) only when the bind succeeds; on failure the caller keeps it.
@@ -569,18 +620,20 @@ result<void> memory_manager::bind(memory_handle&& reserved, const memory_handle&
   }
   auto view = find(dr);
   if (!view) return std::move(view).err();
-  const std::uint8_t pool = dr->loc.pool;
+  const std::uint16_t pool = dr->loc.pool;
   void* const ptr = dr->address.load(std::memory_order_relaxed);
   const std::uint64_t bytes = dr->bytes.load(std::memory_order_relaxed);
   auto r = pool == location::persistent_pool
                ? persistent_.bind(ctx_, dr, da, cursor)
-               : visit_pool(pools_[pool], [&](auto& p) { return p.bind(ctx_, dr, da, cursor); });
+               : visit_pool(pool_at(pool), [&](auto& p) { return p.bind(ctx_, dr, da, cursor); });
   if (r) {
     // The memory keeps every stream it was used on, those record_stream added included.
     da->stream = dr->stream;
     da->stream_reg = std::exchange(dr->stream_reg, nullptr);
     da->more_streams = std::exchange(dr->more_streams, nullptr);
     da->fence_at_free = std::exchange(dr->fence_at_free, false);
+    da->tag = std::exchange(dr->tag, tag_id{0});
+    da->sequence = dr->sequence;
     da->place(ptr, bytes);
     reserved.reset();  // consumed only on success: a failed bind leaves the memory with the caller
   }
@@ -664,7 +717,7 @@ result<void> memory_manager::cleanup(bool explicit_cleanup) {
     }
   }
   persistent_.cleanup(ctx_, explicit_cleanup);
-  for (auto& p : pools_) {
+  for_each_pool([&](dynamic_pool& p) {
     visit_pool(p, [&](auto& pool) {
       if (explicit_cleanup) {
         pool.cleanup(ctx_, true);
@@ -672,7 +725,7 @@ result<void> memory_manager::cleanup(bool explicit_cleanup) {
         pool.tick(ctx_, reserve_count_);
       }
     });
-  }
+  });
   if (explicit_cleanup) return flush();
   return {};
 }
@@ -706,6 +759,13 @@ const memory_statistics& memory_manager::statistics() {
   stats_.stream_registrations = order_.registrations_made();
   stats_.broken_streams = order_.broken_streams();
   stats_.bytes_held_for_streams = order_.held_bytes();
+  stats_.bytes_sleeping = 0;
+  stats_.bytes_offloaded = 0;
+  for (const auto& t : tags_) {
+    if (t == nullptr) continue;
+    if (const arena_pool* a = t->arena()) stats_.bytes_sleeping += a->sleeping_bytes();
+    stats_.bytes_offloaded += t->offload_bytes;
+  }
   return stats_;
 }
 
@@ -799,7 +859,7 @@ void memory_manager::mode(allocation_mode m) {
 memory_usage memory_manager::usage() {
   process_releases();
   memory_usage u = persistent_.usage();
-  for (const auto& p : pools_) u += visit_pool(p, [](const auto& pool) { return pool.usage(); });
+  for_each_pool([&](const dynamic_pool& p) { u += visit_pool(p, [](const auto& pool) { return pool.usage(); }); });
   return u;
 }
 
@@ -812,6 +872,12 @@ std::string memory_manager::report() {
                      capture_ ? " (capturing)" : "");
   out += persistent_.report();
   for (const auto& p : pools_) out += visit_pool(p, [](const auto& pool) { return pool.report(); });
+  for (const tag_usage& t : tags()) {
+    out += fmt::format("tag '{}': {}{}, {} in use in {} allocations, {} mapped, {} sleeping, {} offloaded\n", t.name,
+                       to_string(t.state), t.contents_kept ? " (contents kept)" : "", format_bytes(t.bytes_in_use),
+                       t.allocations, format_bytes(t.bytes_reserved), format_bytes(t.bytes_sleeping),
+                       format_bytes(t.bytes_offloaded));
+  }
   out += total.to_string();
   out += stats_.to_string();
   return out;
@@ -841,10 +907,22 @@ std::string memory_manager::check_invariants() {
   std::string problem = persistent_.check_invariants();
   if (!problem.empty()) return problem;
   memory_usage total = persistent_.usage();
-  for (const auto& p : pools_) {
+  for_each_pool([&](const dynamic_pool& p) {
+    if (!problem.empty()) return;
     problem = visit_pool(p, [](const auto& pool) { return pool.check_invariants(); });
-    if (!problem.empty()) return problem;
     total += visit_pool(p, [](const auto& pool) { return pool.usage(); });
+  });
+  if (!problem.empty()) return problem;
+  for (const auto& t : tags_) {
+    if (t == nullptr) continue;
+    const arena_pool* a = t->arena();
+    if ((t->state == tag_state::asleep) != (a != nullptr && a->asleep()) &&
+        !(a == nullptr && t->state == tag_state::awake)) {
+      return fmt::format("tag '{}' is {} but its arena is not", tag_of(t->id).view(), to_string(t->state));
+    }
+    if ((t->offload == nullptr) != t->saved.empty()) {
+      return fmt::format("tag '{}': a host copy without saved allocations, or the reverse", tag_of(t->id).view());
+    }
   }
   if (total.bytes_in_use != stats_.bytes_in_use + order_.held_bytes()) {
     return fmt::format("statistics count {} bytes in use and {} held for streams, the pools {}", stats_.bytes_in_use,
@@ -858,6 +936,182 @@ std::string memory_manager::check_invariants() {
   }
   if (capture_ && mode_ != allocation_mode::persistent) return "a capture window is open in automatic mode";
   return {};
+}
+
+// ---- Tags: sleep and wake (memory/tag.hpp) ----
+
+memory_manager::tag_space& memory_manager::space_of(tag_id tag) {
+  if (tag > tags_.size()) tags_.resize(tag);
+  auto& slot = tags_[tag - 1];
+  if (slot == nullptr) {
+    slot = std::make_unique<tag_space>();
+    slot->id = tag;
+    if (props_.map_granularity != 0) {
+      // The layout's first arena, or the arena preset of the device: its own address range.
+      std::optional<pool_options> o;
+      for (const auto& p : layout_) {
+        if (p.kind == pool_kind::arena) {
+          o = p;
+          break;
+        }
+      }
+      if (!o) o = preset_pools(preset::arena, props_).front();
+      slot->pool = std::make_unique<arena_pool>(*o, store_.alignment(),
+                                                static_cast<std::uint16_t>(location::first_tag_pool + tag - 1));
+    } else {
+      slot->pool = std::unique_ptr<arena_pool>();
+    }
+  }
+  return *slot;
+}
+
+void memory_manager::release_tag_spaces() {
+  for (auto& t : tags_) {
+    if (t == nullptr) continue;
+    if (arena_pool* a = t->arena()) a->release_all(ctx_);
+    if (t->offload != nullptr) store_.free_host(t->offload, t->offload_bytes);
+  }
+  tags_.clear();
+}
+
+result<event> memory_manager::sleep(tag_id tag, bool keep_contents) {
+  process_releases();
+  if (capture_) return error::make(errc::capture_active, "a tag cannot sleep while a capture window is open");
+  tag_space* t = find_space(tag);
+  if (props_.map_granularity == 0) {
+    error e = error::make(errc::unsupported,
+                          "sleep needs a device that maps memory into address ranges; on this one tags only label "
+                          "allocations");
+    e.text = std::string(tag_of(tag).view());
+    return e;
+  }
+  if (t == nullptr || t->state == tag_state::asleep || t->restoring) {
+    if (t != nullptr && t->restoring) {
+      return error::make(errc::invalid_argument, "the tag's wake is still restoring its contents");
+    }
+    return event{0};
+  }
+  arena_pool* a = t->arena();
+  // What the streams' fences allow goes back first; the rest of the tag's memory follows the
+  // work queued on every stream.
+  if (order_.ordered()) {
+    if (auto f = order_.fence(); !f) return std::move(f).err();
+    if (order_.poll() || order_.advanced()) harvest();
+    if (auto o = order_.order_device_after_all(); !o) return std::move(o).err();
+  }
+  std::vector<saved_slice> saved;
+  std::uint64_t total = 0;
+  if (keep_contents) {
+    a->for_each_live([&](const storage_handle& v) {
+      saved.push_back(saved_slice{v, total});
+      total += align_up(v.size, 64);
+    });
+    std::sort(saved.begin(), saved.end(),
+              [](const saved_slice& x, const saved_slice& y) { return x.view.offset < y.view.offset; });
+    std::uint64_t at = 0;
+    for (auto& e : saved) {
+      e.at = at;
+      at += align_up(e.view.size, 64);
+    }
+    if (total != 0) {
+      auto buf = store_.alloc_host(total);
+      if (!buf) return std::move(buf).err();
+      for (const auto& e : saved) {
+        if (e.view.size == 0) continue;
+        if (auto r = store_.copy_to_host(e.view, static_cast<std::byte*>(*buf) + e.at); !r) {
+          // Nothing unmapped yet: the tag stays awake; the copies queued so far finish first.
+          (void)store_.synchronize();
+          store_.free_host(*buf, total);
+          return std::move(r).err();
+        }
+      }
+      t->offload = *buf;
+      t->offload_bytes = total;
+      t->saved = std::move(saved);
+    }
+  }
+  a->sleep(ctx_);
+  t->state = tag_state::asleep;
+  ++t->sleeps;
+  ++stats_.sleeps;
+  if (auto f = flush(); !f) return std::move(f).err();
+  return store_.record_event(streams::device);
+}
+
+result<event> memory_manager::wake(tag_id tag) {
+  process_releases();
+  if (capture_) return error::make(errc::capture_active, "a tag cannot wake while a capture window is open");
+  tag_space* t = find_space(tag);
+  if (t == nullptr || t->state == tag_state::awake) return event{0};
+  arena_pool* a = t->arena();
+  auto r = a->wake(ctx_);
+  if (!r && r.code() == errc::out_of_memory && opts_.reclaim_on_out_of_memory) {
+    if (auto c = reclaim(); c) r = a->wake(ctx_);
+  }
+  if (!r) {
+    error e = std::move(r).err();
+    if (e.code == errc::out_of_memory) {
+      ++stats_.out_of_memory_errors;
+      explain_out_of_memory(e, a->sleeping_bytes(), streams::device);
+    }
+    return e;
+  }
+  t->state = tag_state::awake;
+  ++t->wakes;
+  ++stats_.wakes;
+  if (t->saved.empty()) return store_.record_event(streams::device);
+  // The allocations still live get their bytes back; those freed while asleep are gone.
+  std::vector<storage_handle> live;
+  a->for_each_live([&](const storage_handle& v) { live.push_back(v); });
+  for (const storage_handle& v : live) {
+    auto it = std::lower_bound(t->saved.begin(), t->saved.end(), v.offset,
+                               [](const saved_slice& x, std::uint64_t off) { return x.view.offset < off; });
+    if (it == t->saved.end() || it->view.offset != v.offset || it->view.size != v.size || v.size == 0) continue;
+    if (auto c = store_.copy_from_host(v, static_cast<const std::byte*>(t->offload) + it->at); !c) {
+      (void)store_.synchronize();
+      return std::move(c).err();
+    }
+  }
+  t->restoring = true;
+  return store_.record_event(streams::device);
+}
+
+result<void> memory_manager::settle_tag(tag_id tag) {
+  process_releases();
+  tag_space* t = find_space(tag);
+  if (t != nullptr && t->restoring) {
+    store_.free_host(t->offload, t->offload_bytes);
+    t->offload = nullptr;
+    t->offload_bytes = 0;
+    t->saved.clear();
+    t->restoring = false;
+  }
+  // What a sleep unmapped behind the device's work goes back now that the work is done.
+  if (store_.pending_deallocations() != 0 || store_.returning_bytes() != 0) return store_.flush();
+  return {};
+}
+
+std::vector<tag_usage> memory_manager::tags() {
+  process_releases();
+  std::vector<tag_usage> out;
+  for (const auto& t : tags_) {
+    if (t == nullptr) continue;
+    tag_usage u;
+    u.name = std::string(tag_of(t->id).view());
+    u.state = t->state;
+    u.contents_kept = t->state == tag_state::asleep && t->offload != nullptr;
+    u.bytes_in_use = t->bytes_in_use;
+    u.allocations = t->allocations;
+    if (const arena_pool* a = t->arena()) {
+      u.bytes_reserved = a->usage().bytes_reserved;
+      u.bytes_sleeping = a->sleeping_bytes();
+    }
+    u.bytes_offloaded = t->offload_bytes;
+    u.sleeps = t->sleeps;
+    u.wakes = t->wakes;
+    out.push_back(std::move(u));
+  }
+  return out;
 }
 
 }  // namespace devrt::memory

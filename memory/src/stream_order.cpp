@@ -323,6 +323,59 @@ bool stream_order::poll() {
   return !advanced_.empty();
 }
 
+result<void> stream_order::order_device_after_all() {
+  if (!ordered_) return {};
+  urgent_ = true;
+  if (auto f = fence(); !f) return f;
+  bool synchronize = false;
+  bool legacy_done = false;
+  const auto follow = [&](stream_id q) -> result<void> {
+    auto e = store_.record_event(q);
+    if (!e) return std::move(e).err();
+    auto w = store_.stream_wait_event(streams::device, *e);
+    store_.release_event(*e);
+    return w;
+  };
+  for (const auto& r : registrations_) {
+    stream_state& s = *r;
+    if (s.broken) {
+      synchronize = true;
+      continue;
+    }
+    switch (s.kind) {
+      case stream_kind::device: break;  // the stream itself
+      case stream_kind::legacy:
+      case stream_kind::per_thread:  // a blocking stream: the legacy stream orders it
+        if (!legacy_done) {
+          if (auto f = follow(streams::legacy); !f) return f;
+          legacy_done = true;
+        }
+        break;
+      case stream_kind::native: {
+        if (s.foreign) {
+          synchronize = true;
+          break;
+        }
+        auto id = store_.identify(s.handle);
+        if (id && id->uid == s.uid) {
+          if (auto f = follow(s.handle); !f) return f;
+        } else if (s.refs == 0 && !s.fences.empty()) {
+          // Gone, with only frees left: its newest fence follows all of them.
+          if (auto w = store_.stream_wait_event(streams::device, s.fences.back().e); !w) return w;
+        } else if (s.refs != 0) {
+          synchronize = true;  // gone with live memory on it: nothing left to order after
+        }
+        break;
+      }
+    }
+  }
+  if (synchronize) {
+    if (auto w = store_.synchronize_device(); !w) return w;
+    ++waits_;
+  }
+  return {};
+}
+
 bool stream_order::wait_all() {
   if (!reclaimable()) return false;
   urgent_ = true;

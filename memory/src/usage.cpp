@@ -47,7 +47,10 @@ std::string memory_statistics::to_string() const {
                     streams, stream_registrations,
                     broken_streams > 0 ? fmt::format(", {} whose fences failed", broken_streams) : std::string(),
                     fences, format_bytes(bytes_held_for_streams), stream_waits)
-              : std::string());
+              : std::string()) +
+         (sleeps > 0 ? fmt::format("sleep: {} sleeping, {} offloaded to the host, {} sleeps, {} wakes\n",
+                                   format_bytes(bytes_sleeping), format_bytes(bytes_offloaded), sleeps, wakes)
+                     : std::string());
 }
 
 }  // namespace devrt::memory

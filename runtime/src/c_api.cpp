@@ -10,6 +10,8 @@
 // lock. devrt_init and devrt_shutdown take the lifecycle mutex and must not overlap other calls
 // (the header says so). The table itself is never destroyed: frameworks free their last tensors
 // during process exit, after static destructors may have run, and those frees must find it.
+// This file defines devrt_get_stats itself, so the header's macro for it stays off.
+#define DEVRT_NO_STATS_MACRO
 #include "devrt/c_api.h"
 
 #include <fmt/format.h>
@@ -42,6 +44,7 @@
 #include "devrt/runtime/config.hpp"
 #include "devrt/runtime/error.hpp"
 #include "devrt/runtime/runtime.hpp"
+#include "devrt/runtime/tag.hpp"
 
 namespace {
 
@@ -66,8 +69,9 @@ devrt_status status_of(errc c) noexcept {
     case errc::invalid_argument: return DEVRT_ERROR_INVALID_VALUE;
     case errc::shutdown: return DEVRT_ERROR_NOT_INITIALIZED;
     case errc::capture_active: return DEVRT_ERROR_BUSY;
-    case errc::device_error:
-    case errc::unsupported: return DEVRT_ERROR_DEVICE;
+    case errc::device_error: return DEVRT_ERROR_DEVICE;
+    case errc::unsupported: return DEVRT_ERROR_UNSUPPORTED;
+    case errc::asleep: return DEVRT_ERROR_ASLEEP;
     default: return devrt::is_config_error(c) ? DEVRT_ERROR_INVALID_LAYOUT : DEVRT_ERROR_INTERNAL;
   }
 }
@@ -454,6 +458,38 @@ class torch_out_of_memory : public std::bad_alloc {
   std::string message_;
 };
 
+/// The tag a sleep or wake names: not NULL, not empty, well formed.
+int sleep_tag_of(const char* tag, const char* what, std::string_view& out) {
+  if (tag == nullptr || *tag == '\0') {
+    return fail(DEVRT_ERROR_INVALID_VALUE, fmt::format("{}: the tag is NULL or empty; name the tag to {}", what,
+                                                       std::string_view(what) == "devrt_sleep" ? "sleep" : "wake"));
+  }
+  out = tag;
+  if (auto n = mem::tag_name::make(out); !n) {
+    return fail(DEVRT_ERROR_INVALID_VALUE, fmt::format("{}: {}", what, n.err().message()));
+  }
+  return DEVRT_SUCCESS;
+}
+
+int tag_call(int device, const char* tag, const char* what, bool sleep, bool keep) {
+  std::string_view name;
+  if (int r = sleep_tag_of(tag, what, name); r != DEVRT_SUCCESS) return r;
+  return on_device(device, what, [&](device_ctx& d) {
+    try {
+      if (sleep) {
+        d.client.sleep(name, keep).get();
+      } else {
+        d.client.wake(name).get();
+      }
+    } catch (const boost::system::system_error& e) {
+      const devrt_status st = status_of(rt::to_errc(e.code()));
+      if (st == DEVRT_ERROR_OUT_OF_MEMORY) d.oom_errors.fetch_add(1, std::memory_order_relaxed);
+      return fail(st, fmt::format("{}: tag '{}' on {}: {}", what, name, d.name, e.what()));
+    }
+    return static_cast<int>(DEVRT_SUCCESS);
+  });
+}
+
 }  // namespace
 
 extern "C" {
@@ -514,6 +550,8 @@ const char* devrt_status_name(int status) {
     case DEVRT_ERROR_ALREADY_INITIALIZED: return "DEVRT_ERROR_ALREADY_INITIALIZED";
     case DEVRT_ERROR_DEVICE: return "DEVRT_ERROR_DEVICE";
     case DEVRT_ERROR_INTERNAL: return "DEVRT_ERROR_INTERNAL";
+    case DEVRT_ERROR_ASLEEP: return "DEVRT_ERROR_ASLEEP";
+    case DEVRT_ERROR_UNSUPPORTED: return "DEVRT_ERROR_UNSUPPORTED";
     default: return "DEVRT_ERROR_UNKNOWN_STATUS";
   }
 }
@@ -565,9 +603,16 @@ int devrt_allocation_size(void* ptr, size_t* size) {
   });
 }
 
-int devrt_get_stats(int device, devrt_stats* stats) {
+int devrt_get_stats(int device, devrt_stats* stats) { return devrt_get_stats_v(device, stats, 1); }
+
+int devrt_get_stats_v(int device, devrt_stats* stats, int version) {
   return guarded("devrt_get_stats", [&] {
     if (stats == nullptr) return fail(DEVRT_ERROR_INVALID_VALUE, "devrt_get_stats: the out-pointer is NULL");
+    if (version < 1 || version > DEVRT_STATS_VERSION) {
+      return fail(DEVRT_ERROR_INVALID_VALUE, fmt::format("devrt_get_stats_v: version {} of devrt_stats is unknown "
+                                                         "(this library has versions 1 to {})",
+                                                         version, DEVRT_STATS_VERSION));
+    }
     return on_device(device, "devrt_get_stats", [&](device_ctx& d) {
       using both = std::pair<mem::memory_statistics, mem::memory_usage>;
       // One message: the statistics and the live count seen at the same point of the strand.
@@ -600,10 +645,40 @@ int devrt_get_stats(int device, devrt_stats* stats) {
       out.stream_waits = st.stream_waits;
       out.fences = st.fences;
       out.streams = st.streams;
-      *stats = out;
+      out.sleeping_bytes = st.bytes_sleeping;
+      out.offloaded_bytes = st.bytes_offloaded;
+      out.sleeps = st.sleeps;
+      out.wakes = st.wakes;
+      // A caller of version 1 has room for its fields only.
+      std::memcpy(stats, &out, version == 1 ? offsetof(devrt_stats, sleeping_bytes) : sizeof(devrt_stats));
       return static_cast<int>(DEVRT_SUCCESS);
     });
   });
+}
+
+int devrt_set_tag(const char* tag) {
+  return guarded("devrt_set_tag", [&] {
+    const std::string_view text = tag == nullptr ? std::string_view() : std::string_view(tag);
+    auto name = mem::tag_name::make(text);
+    if (!name) return fail(DEVRT_ERROR_INVALID_VALUE, fmt::format("devrt_set_tag: {}", name.err().message()));
+    if (auto r = rt::set_current_tag(*name); !r) {
+      return fail(DEVRT_ERROR_INVALID_VALUE, fmt::format("devrt_set_tag: {}", r.err().message()));
+    }
+    return static_cast<int>(DEVRT_SUCCESS);
+  });
+}
+
+const char* devrt_get_tag(void) {
+  const mem::tag_name& t = rt::current_tag();
+  return t.empty() ? nullptr : t.c_str();
+}
+
+int devrt_sleep(int device, const char* tag, int keep_contents) {
+  return guarded("devrt_sleep", [&] { return tag_call(device, tag, "devrt_sleep", true, keep_contents != 0); });
+}
+
+int devrt_wake(int device, const char* tag) {
+  return guarded("devrt_wake", [&] { return tag_call(device, tag, "devrt_wake", false, false); });
 }
 
 int devrt_reset_peak_stats(int device) {

@@ -23,16 +23,17 @@ actor_core::actor_core(std::unique_ptr<memory::memory_manager> manager, std::sha
                        device_info info)
     : manager_(std::move(manager)), log_(std::move(log)), info_(std::move(info)) {}
 
-result<memory::memory_handle> actor_core::reserve(std::uint64_t size, memory::stream_id q) {
+result<memory::memory_handle> actor_core::reserve(std::uint64_t size, memory::stream_id q, memory::tag_id tag) {
   // The manager reclaims once and retries on out-of-memory (manager_options).
-  auto r = manager_->reserve(size, q);
+  auto r = manager_->reserve(size, q, tag);
   if (!r) SPDLOG_LOGGER_INFO(log_, "[{}] reserve({}) failed: {}", info_.name, size, r.err().message());
   return r;
 }
 
-void actor_core::create(std::uint64_t size, const memory::memory_handle& handle, memory::stream_id q) {
+void actor_core::create(std::uint64_t size, const memory::memory_handle& handle, memory::stream_id q,
+                        memory::tag_id tag) {
   // Straight into the client's handle: no second descriptor, no bind.
-  auto r = manager_->reserve_into(size, handle, q);
+  auto r = manager_->reserve_into(size, handle, q, tag);
   if (r) return;
   SPDLOG_LOGGER_INFO(log_, "[{}] create({}) failed: {}", info_.name, size, r.err().message());
   handle.raw()->failure = std::make_unique<const error>(std::move(r).err());

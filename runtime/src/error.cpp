@@ -41,6 +41,7 @@ const char* kind_message(errc c) noexcept {
     case errc::task_failed: return "a submitted task failed";
     case errc::unsupported: return "not supported by this device";
     case errc::would_deadlock: return "would deadlock: a wait on the device's own thread";
+    case errc::asleep: return "the tag is asleep";
   }
   return "unknown devrt error";
 }

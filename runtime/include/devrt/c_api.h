@@ -89,7 +89,9 @@ typedef enum devrt_status {
   DEVRT_ERROR_NOT_INITIALIZED = 10,     /* devrt was shut down (devrt_init starts it again) */
   DEVRT_ERROR_ALREADY_INITIALIZED = 11, /* devrt_init while devrt runs */
   DEVRT_ERROR_DEVICE = 12,              /* the driver failed */
-  DEVRT_ERROR_INTERNAL = 13             /* a bug in devrt: please report the message */
+  DEVRT_ERROR_INTERNAL = 13,            /* a bug in devrt: please report the message */
+  DEVRT_ERROR_ASLEEP = 14,              /* an allocation with a tag that is asleep: devrt_wake it first */
+  DEVRT_ERROR_UNSUPPORTED = 15          /* the device cannot do it (sleep on a device that cannot map memory) */
 } devrt_status;
 
 /* Options of devrt_init. Fill with devrt_options_default, then change what you need. */
@@ -126,7 +128,16 @@ typedef struct devrt_stats {
   uint64_t stream_waits;         /* times devrt waited for streams to pass their frees (memory pressure) */
   uint64_t fences;               /* fences taken or recorded on streams for frees */
   uint64_t streams;              /* streams whose memory devrt tracks now */
+  /* Version 2 (DEVRT_STATS_VERSION 2): sleep and wake. */
+  uint64_t sleeping_bytes;  /* memory unmapped by devrt_sleep, mapped again by devrt_wake */
+  uint64_t offloaded_bytes; /* host memory holding the contents devrt_sleep kept */
+  uint64_t sleeps;          /* devrt_sleep calls that put a tag to sleep */
+  uint64_t wakes;           /* devrt_wake calls that woke a tag */
 } devrt_stats;
+
+/* The version of devrt_stats this header describes. devrt_get_stats_v fills the fields of the
+ * version it is given and no more, so a program built against an older header keeps working. */
+#define DEVRT_STATS_VERSION 2
 
 /* Fills `options` with the defaults (CUDA on, layouts "auto", no host cap, environment read). */
 DEVRT_C_EXPORT void devrt_options_default(devrt_options* options);
@@ -181,8 +192,15 @@ DEVRT_C_EXPORT int devrt_retire_stream(int device, void* stream);
 /* The size `ptr` was allocated with. Errors: UNKNOWN_POINTER, INVALID_VALUE (size is NULL). */
 DEVRT_C_EXPORT int devrt_allocation_size(void* ptr, size_t* size);
 
-/* Statistics of a device, after the frees made so far. Errors: INVALID_VALUE, INVALID_DEVICE. */
+/* Statistics of a device, after the frees made so far: the fields of `version` (1: up to `streams`;
+ * 2: all). Errors: INVALID_VALUE (a NULL struct, an unknown version), INVALID_DEVICE. */
+DEVRT_C_EXPORT int devrt_get_stats_v(int device, devrt_stats* stats, int version);
+/* The version-1 fields only: the symbol programs built against the first header call. Programs
+ * built against this one call devrt_get_stats_v through the macro below. */
 DEVRT_C_EXPORT int devrt_get_stats(int device, devrt_stats* stats);
+#ifndef DEVRT_NO_STATS_MACRO
+#define devrt_get_stats(device, stats) devrt_get_stats_v((device), (stats), DEVRT_STATS_VERSION)
+#endif
 
 /* Sets the peaks to the current values. */
 DEVRT_C_EXPORT int devrt_reset_peak_stats(int device);
@@ -195,6 +213,39 @@ DEVRT_C_EXPORT int devrt_empty_cache(int device);
  * at once; while memory of the current layout is live it fails with BUSY. Either way the current
  * layout stays in force. */
 DEVRT_C_EXPORT int devrt_configure(int device, const char* layout);
+
+/* ---- Tags, sleep and wake ----
+ * A tag names allocations ("weights", "kv_cache"). Each tag has its own address range on a device,
+ * so its memory can *sleep*: devrt_sleep gives its physical memory back to the device while every
+ * allocation keeps its address, and devrt_wake maps new memory at the same addresses, so pointers,
+ * tensors and CUDA graphs captured over them stay valid. */
+
+/* Sets the calling thread's tag for its later allocations (devrt_malloc, devrt_torch_malloc).
+ * NULL or "": no tag. The string is copied. Errors: INVALID_VALUE (longer than 63 bytes, or a
+ * byte that is not printable ASCII); the tag is then unchanged. */
+DEVRT_C_EXPORT int devrt_set_tag(const char* tag);
+/* The calling thread's tag; NULL when it has none. Valid until the thread's next devrt_set_tag. */
+DEVRT_C_EXPORT const char* devrt_get_tag(void);
+
+/* Puts the memory of `tag` on `device` to sleep. It waits, in stream order, for the work queued on
+ * the device's streams (the device's thread never waits for the GPU), copies every live allocation
+ * of the tag to pinned host memory when `keep_contents` is nonzero, then unmaps and releases the
+ * physical memory; the addresses stay reserved. Returns once the device has the memory back
+ * (cudaMemGetInfo shows it). Allocations with the tag fail with ASLEEP until devrt_wake.
+ * Freeing a sleeping allocation is allowed. Using one (a kernel, a copy) is an error of the
+ * program: on CUDA it faults with an illegal address, as any unmapped address does; on the host
+ * device it is a segmentation fault. A tag never used on the device, or already asleep: nothing
+ * happens. Errors: INVALID_VALUE (tag NULL, empty or malformed), INVALID_DEVICE, UNSUPPORTED (the
+ * device cannot map memory), OUT_OF_MEMORY (no host memory for the copy: nothing changed),
+ * DEVICE, NOT_INITIALIZED. */
+DEVRT_C_EXPORT int devrt_sleep(int device, const char* tag, int keep_contents);
+/* Wakes `tag` on `device`: maps new physical memory at the same addresses (with the peer access
+ * set for the device) and restores the contents devrt_sleep kept (memory whose contents were
+ * discarded is not cleared: write it before reading). Returns once the contents are back. An
+ * awake tag: nothing happens. Errors: OUT_OF_MEMORY (the device has no room: nothing changed, the
+ * tag stays asleep and its kept copy is not lost; free memory and call again), INVALID_VALUE,
+ * INVALID_DEVICE, DEVICE, NOT_INITIALIZED. */
+DEVRT_C_EXPORT int devrt_wake(int device, const char* tag);
 
 /* ---- Memory snapshots and metrics ----
  * Text and bytes come back through a caller's buffer: `*length` always gets the bytes the answer

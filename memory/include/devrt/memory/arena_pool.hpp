@@ -38,6 +38,13 @@
 // (one or two for most slices); granule by granule only where memory is mapped or unmapped, next
 // to a driver call. No scan of the slices, granules or mappings.
 //
+// Sleep (tag.hpp): a tag's arena can give all its physical memory back while its live slices keep
+// their offsets. `sleep` unmaps the free mappings (an explicit cleanup), then every other mapping,
+// which stays *asleep*: its granules still name it and its count of slices is kept, but nothing is
+// mapped behind it. A slice freed while asleep lowers the count, and an asleep mapping nothing uses
+// any more is forgotten (no driver call). `wake` maps every asleep mapping again with its bounds.
+// The manager refuses reserves while asleep.
+//
 // Owner: the memory manager; every call comes from its owner thread.
 #pragma once
 
@@ -56,7 +63,7 @@ namespace devrt::memory {
 
 class arena_pool {
  public:
-  arena_pool(const pool_options& opts, std::uint64_t alignment, std::uint8_t pool_index);
+  arena_pool(const pool_options& opts, std::uint64_t alignment, std::uint16_t pool_index);
   arena_pool(const arena_pool&) = delete;
   arena_pool& operator=(const arena_pool&) = delete;
   ~arena_pool();
@@ -102,6 +109,26 @@ class arena_pool {
   void cleanup(pool_context& ctx, bool explicit_cleanup);
   /// Unmaps everything and gives the address range back. Live slices are detached.
   void release_all(pool_context& ctx);
+
+  // ---- Sleep (see the top of the file) ----
+  /// Unmaps every mapping; live slices keep their offsets. Nothing to do when asleep.
+  void sleep(pool_context& ctx);
+  /// Maps every asleep mapping again, with its bounds. Errors: those of the storage's map
+  /// (out_of_memory, device_error); the mappings this call made are unmapped again, and the pool
+  /// stays asleep as it was.
+  result<void> wake(pool_context& ctx);
+  [[nodiscard]] bool asleep() const noexcept { return asleep_; }
+  /// Bytes of the asleep mappings (what a wake maps).
+  [[nodiscard]] std::uint64_t sleeping_bytes() const noexcept { return sleeping_ * granule_; }
+  /// Calls `f(storage_handle)` for every live slice (range, offset, requested size). A walk over
+  /// the slices: for sleep, not the reserve path.
+  template <class F>
+  void for_each_live(F&& f) const {
+    for (std::uint32_t i = 0; i < slots_.size(); ++i) {
+      const slice_node& s = slots_[i];
+      if (s.in_use_slot && !s.free && s.desc != nullptr) f(storage_handle{range_, s.offset, s.size});
+    }
+  }
 
   [[nodiscard]] memory_usage usage() const noexcept { return usage_; }
   [[nodiscard]] std::uint64_t bytes_in_use() const noexcept { return usage_.bytes_in_use; }
@@ -169,6 +196,9 @@ class arena_pool {
     // the streams' work), memory is mapped there again only with exactly these bounds, which the
     // device can revive without waiting for the pending unmap.
     bool ghost = false;
+    // Unmapped by `sleep` while slices use it (`used` > 0): not mapped, not listed, never a ghost;
+    // mapped again with these bounds by `wake`, forgotten when its last slice goes.
+    bool asleep = false;
   };
 
   result<void> reserve_range(pool_context& ctx);
@@ -242,7 +272,8 @@ class arena_pool {
   void settle_unmaps(pool_context& ctx);
   result<void> revive(pool_context& ctx, std::uint32_t m);
   [[nodiscard]] bool mapped_at(std::uint64_t g) const noexcept {
-    return granules_[g].mapping != npos && !mappings_[granules_[g].mapping].ghost;
+    return granules_[g].mapping != npos && !mappings_[granules_[g].mapping].ghost &&
+           !mappings_[granules_[g].mapping].asleep;
   }
   void unmap_mapping(pool_context& ctx, std::uint32_t m);
   void push_free(std::uint32_t m);
@@ -262,7 +293,7 @@ class arena_pool {
   std::uint64_t grow_ = 0;       // granules: the largest mapping where the arena grows (0: no growth policy)
   std::uint64_t peak_live_ = 0;  // the peak of bytes in use
   std::uint32_t tail_ = npos;    // the last slice of the range (its free end, unless full)
-  std::uint8_t index_;
+  std::uint16_t index_;
   storage_id range_ = 0;
   std::uintptr_t base_ = 0;  // the range's first address (0: the device gives none)
   bool base_known_ = false;
@@ -281,6 +312,9 @@ class arena_pool {
   std::size_t ghosts_ = 0;
   std::vector<std::uint32_t> ghost_list_;  // mappings made ghosts since the last drop_ghosts (some revived since)
   std::size_t tagged_ = 0;
+  bool asleep_ = false;
+  std::uint64_t sleeping_ = 0;              // granules of the asleep mappings
+  std::vector<std::uint32_t> asleep_list_;  // the mappings `sleep` unmapped (some forgotten since)
   memory_usage usage_;
 };
 

@@ -40,6 +40,7 @@ enum class errc : int {
   capture_active = 30,  ///< the operation is not allowed while a capture window is open
   no_capture = 31,      ///< capture_end without capture_begin
   shutdown = 32,        ///< the runtime is shutting down or gone
+  asleep = 33,          ///< a reserve with a tag that is asleep (memory/tag.hpp): wake it first
   device_error = 40,    ///< the storage backend failed (driver error, failed flush)
   task_failed = 41,     ///< a function submitted to a device threw
   unsupported = 42,     ///< the device does not offer the operation (e.g. mapping on a device without it)

@@ -32,8 +32,10 @@ struct memory_id {
 
 /// Where a handle's memory lives: a pool, a page of it, and a slice slot.
 struct location {
-  static constexpr std::uint8_t persistent_pool = 255;  ///< sentinel pool index of the persistent pool
-  std::uint8_t pool = 0;
+  static constexpr std::uint16_t persistent_pool = 255;  ///< sentinel pool index of the persistent pool
+  /// Pool indices from here on are tags' arenas (index - first_tag_pool: the tag's number - 1).
+  static constexpr std::uint16_t first_tag_pool = 256;
+  std::uint16_t pool = 0;
   std::uint32_t page = 0;
   std::uint32_t slice = 0;
   bool init = false;  ///< false until a pool has placed the memory
@@ -94,6 +96,8 @@ struct descriptor {
   /// The number of the reserve that gave it its memory on its device, from 1 (owner thread only;
   /// for snapshots and out-of-memory reports: older allocations have smaller numbers).
   std::uint64_t sequence = 0;
+  /// Its tag (memory/tag.hpp; 0: none), set with the address (owner thread only).
+  std::uint16_t tag = 0;
 
   /// Publishes where the memory lives (owner thread).
   void place(void* ptr, std::uint64_t size) noexcept {

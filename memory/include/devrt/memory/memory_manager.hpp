@@ -28,6 +28,7 @@
 #include "devrt/memory/storage.hpp"
 #include "devrt/memory/stream.hpp"
 #include "devrt/memory/stream_order.hpp"
+#include "devrt/memory/tag.hpp"
 #include "devrt/memory/usage.hpp"
 
 namespace devrt::memory {
@@ -84,11 +85,16 @@ class memory_manager {
   /// `q` is the stream the memory is used on (see stream.hpp): memory freed on it may be handed
   /// out again at once; memory freed on other streams only once their fences have passed. On
   /// devices without queues it is only remembered.
-  result<memory_handle> reserve(std::uint64_t size, stream_id q = streams::device);
+  ///
+  /// `tag` (memory/tag.hpp; 0: none): the memory comes from the tag's own arena on devices that map
+  /// memory (outside a capture window, whatever the mode), and is counted with the tag. Error
+  /// asleep: the tag is asleep on this device.
+  result<memory_handle> reserve(std::uint64_t size, stream_id q = streams::device, tag_id tag = 0);
   /// The same, placing the memory straight into `handle` (a fresh identity from
   /// `memory_handle::make()`), as `reserve` then `bind` would, without a second descriptor.
   /// Errors: those of reserve, invalid_argument (empty handle), already_bound (it has memory).
-  result<void> reserve_into(std::uint64_t size, const memory_handle& handle, stream_id q = streams::device);
+  result<void> reserve_into(std::uint64_t size, const memory_handle& handle, stream_id q = streams::device,
+                            tag_id tag = 0);
 
   /// Marks the memory of `h` as used on stream `q` as well: when it is freed, it is reused (by any
   /// stream) or returned only after the work queued on `q` and on its own stream by then. `q` may
@@ -155,6 +161,26 @@ class memory_manager {
   /// the old layout stays).
   result<configure_outcome> configure(const memory_layout& layout);
 
+  /// Puts `tag` to sleep (memory/tag.hpp) and returns the event the device passes once it is
+  /// done; then `settle_tag` completes it. In order: the device's own stream waits for the work
+  /// queued on every stream the device knows (no wait here), the live allocations are copied into
+  /// host memory from the storage when `keep_contents`, and every mapping of the tag's arena is
+  /// unmapped (given back behind that work). A tag unknown here or asleep: event 0, nothing done.
+  /// Errors: unsupported (the device cannot map memory), capture_active, out_of_memory (no host
+  /// memory for the copy; nothing changed), device_error.
+  result<event> sleep(tag_id tag, bool keep_contents);
+  /// Wakes `tag`: maps every asleep mapping again with its bounds (reclaiming once on
+  /// out-of-memory, as a reserve does), then queues the copies of the kept contents back; returns
+  /// the event the device passes once they are there (then `settle_tag` frees the host copy). An
+  /// awake tag: event 0. Errors: out_of_memory (explained like a reserve's; nothing changed: still
+  /// asleep, the host copy kept), capture_active, device_error.
+  result<event> wake(tag_id tag);
+  /// After the event of a sleep or wake passed: gives the device what the sleep unmapped (a
+  /// flush), or frees the host copy a wake restored.
+  result<void> settle_tag(tag_id tag);
+  /// What every tag used on this device holds.
+  std::vector<tag_usage> tags();
+
   /// Opens a capture window: every reserve is served by the persistent pool, and the slices the
   /// window reserves or binds are recorded. A second begin keeps the first window.
   void capture_begin();
@@ -210,10 +236,55 @@ class memory_manager {
   result<slice_view> find(const detail::descriptor* d) const;
   result<resource> resolve(const detail::descriptor* d, std::optional<std::uint64_t> offset_start,
                            std::optional<std::uint64_t> offset_end);
-  result<detail::descriptor*> reserve_raw(std::uint64_t size, stream_id q);
-  result<detail::descriptor*> reserve_attempt(std::uint64_t size, stream_id q);
+  result<detail::descriptor*> reserve_raw(std::uint64_t size, stream_id q, tag_id tag);
+  result<detail::descriptor*> reserve_attempt(std::uint64_t size, stream_id q, tag_id tag);
   result<detail::descriptor*> reserve_persistent(std::uint64_t size);
-  result<detail::descriptor*> reserve_on(std::uint64_t size);
+  result<detail::descriptor*> reserve_on(std::uint64_t size, tag_id tag);
+
+  // One tag's memory on this device (memory/tag.hpp).
+  struct saved_slice {
+    storage_handle view;  // the live slice at sleep: range, offset, requested size
+    std::uint64_t at;     // its bytes' offset in the host copy
+  };
+  struct tag_space {
+    tag_id id = 0;
+    dynamic_pool pool;  // the tag's arena; an empty pointer where the device cannot map memory
+    tag_state state = tag_state::awake;
+    // Asleep with contents kept, and after a wake until settle_tag: the host copy and what it holds
+    // (in offset order). Invariant: `offload` is null exactly when `saved` is empty.
+    void* offload = nullptr;
+    std::uint64_t offload_bytes = 0;
+    std::vector<saved_slice> saved;
+    bool restoring = false;  // a wake queued the copies back; settle_tag frees the host copy
+    std::uint64_t bytes_in_use = 0;
+    std::uint64_t allocations = 0;
+    std::uint64_t sleeps = 0;
+    std::uint64_t wakes = 0;
+    [[nodiscard]] arena_pool* arena() const noexcept {
+      const auto* a = std::get_if<std::unique_ptr<arena_pool>>(&pool);
+      return a != nullptr ? a->get() : nullptr;
+    }
+  };
+  /// The tag's space, made on its first use here.
+  tag_space& space_of(tag_id tag);
+  [[nodiscard]] tag_space* find_space(tag_id tag) noexcept {
+    return tag != 0 && tag <= tags_.size() ? tags_[tag - 1].get() : nullptr;
+  }
+  /// The pool at a location's index: a layout pool, or a tag's arena.
+  dynamic_pool& pool_at(std::uint16_t index) {
+    return index >= location::first_tag_pool ? tags_[index - location::first_tag_pool]->pool : pools_[index];
+  }
+  [[nodiscard]] bool has_pool(std::uint16_t index) const noexcept {
+    if (index < location::first_tag_pool) return index < pools_.size();
+    const std::size_t t = index - location::first_tag_pool;
+    return t < tags_.size() && tags_[t] != nullptr && tags_[t]->arena() != nullptr;
+  }
+  /// Calls `f(pool)` for every pool: the layout's, then the tags' arenas.
+  template <class F>
+  void for_each_pool(F&& f);
+  template <class F>
+  void for_each_pool(F&& f) const;
+  void release_tag_spaces();
   void release_one(detail::descriptor* d);
   /// The trace's address of a live allocation (snapshot_address of its slice).
   std::uint64_t trace_address(const detail::descriptor* d);
@@ -227,7 +298,7 @@ class memory_manager {
   void harvest();
   /// Publishes a new handle's address and stream (its registration with the reference the reserve
   /// took for it).
-  void publish(detail::descriptor* d, std::uint64_t size, stream_id q, stream_state* reg);
+  void publish(detail::descriptor* d, std::uint64_t size, stream_id q, stream_state* reg, tag_id tag);
   /// The descriptor's memory goes back to its pool: its streams lose a reference.
   void release_streams(detail::descriptor* d);
   /// Bytes freed from the dynamic pools still waiting for fences.
@@ -251,6 +322,7 @@ class memory_manager {
   std::uint64_t reserve_count_ = 0;
   bool cleanup_owed_ = false;
   memory_history history_;
+  std::vector<std::unique_ptr<tag_space>> tags_;  // by tag number - 1; null for tags not used here
 };
 
 }  // namespace devrt::memory

@@ -11,6 +11,7 @@
 #include <concepts>
 #include <cstdint>
 #include <memory>
+#include <new>
 #include <optional>
 #include <string>
 #include <utility>
@@ -266,6 +267,19 @@ class storage {
   /// `read`, ordered on `q`, without waiting: `dst` holds the bytes once the event has passed.
   result<event> read_async(const storage_handle& h, void* dst, stream_id q) { return impl_->read_async(h, dst, q); }
 
+  /// Host memory for the contents a sleeping tag keeps (memory/tag.hpp): pinned where the device
+  /// copies faster from it (cudaHostAlloc on CUDA), plain memory elsewhere. Optional for backends
+  /// (`alloc_host(size) -> result<void*>`, `free_host(ptr, size)`). Error out_of_memory.
+  result<void*> alloc_host(std::uint64_t size) { return impl_->alloc_host(size); }
+  /// Frees what alloc_host gave, once no queued copy uses it.
+  void free_host(void* p, std::uint64_t size) { impl_->free_host(p, size); }
+  /// Copies the view's bytes into host memory `dst` in order on the device's own stream, without
+  /// waiting (done once an event recorded after it has passed); at once on devices without queues.
+  /// Optional for backends (`copy_to_host`, `copy_from_host`); the default is `read` and `write`.
+  result<void> copy_to_host(const storage_handle& h, void* dst) { return impl_->copy_to_host(h, dst); }
+  /// Copies `h.size` bytes of host memory `src` into the view, in order on the device's own stream.
+  result<void> copy_from_host(const storage_handle& h, const void* src) { return impl_->copy_from_host(h, src); }
+
   /// Address ranges and mapping (see `mapping_backend`). Backends without the capability report
   /// `map_granularity` 0, and these calls fail with `unsupported`.
   result<storage_handle> reserve_range(std::uint64_t size, std::uint64_t unit) {
@@ -319,6 +333,10 @@ class storage {
     virtual void return_after(stream_id s) = 0;
     virtual result<void> write_on(const storage_handle& h, const void* src, stream_id q) = 0;
     virtual result<event> read_async(const storage_handle& h, void* dst, stream_id q) = 0;
+    virtual result<void*> alloc_host(std::uint64_t size) = 0;
+    virtual void free_host(void* p, std::uint64_t size) = 0;
+    virtual result<void> copy_to_host(const storage_handle& h, void* dst) = 0;
+    virtual result<void> copy_from_host(const storage_handle& h, const void* src) = 0;
     virtual result<storage_handle> reserve_range(std::uint64_t size, std::uint64_t unit) = 0;
     virtual result<void> map(storage_id range, std::uint64_t offset, std::uint64_t size) = 0;
     virtual void unmap(storage_id range, std::uint64_t offset, std::uint64_t size) = 0;
@@ -444,6 +462,40 @@ class storage {
       } else {
         if (auto r = backend->read(h, dst); !r) return std::move(r).err();
         return event{0};
+      }
+    }
+    result<void*> alloc_host(std::uint64_t size) override {
+      if constexpr (requires { backend->alloc_host(size); }) {
+        return backend->alloc_host(size);
+      } else {
+        void* p = ::operator new (static_cast<std::size_t>(size == 0 ? 1 : size), std::align_val_t{64}, std::nothrow);
+        if (p == nullptr) {
+          error e = error::make(errc::out_of_memory, "no host memory for the contents of a sleeping tag");
+          e.size = size;
+          return e;
+        }
+        return p;
+      }
+    }
+    void free_host(void* p, std::uint64_t size) override {
+      if constexpr (requires { backend->free_host(p, size); }) {
+        backend->free_host(p, size);
+      } else {
+        ::operator delete (p, std::align_val_t{64});
+      }
+    }
+    result<void> copy_to_host(const storage_handle& h, void* dst) override {
+      if constexpr (requires { backend->copy_to_host(h, dst); }) {
+        return backend->copy_to_host(h, dst);
+      } else {
+        return backend->read(h, dst);
+      }
+    }
+    result<void> copy_from_host(const storage_handle& h, const void* src) override {
+      if constexpr (requires { backend->copy_from_host(h, src); }) {
+        return backend->copy_from_host(h, src);
+      } else {
+        return backend->write(h, src);
       }
     }
     result<storage_handle> reserve_range(std::uint64_t size, std::uint64_t unit) override {

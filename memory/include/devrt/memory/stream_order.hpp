@@ -183,6 +183,13 @@ class stream_order {
   /// Memory pressure: fences what is unfenced and waits for every fence, and synchronizes the
   /// whole device for broken streams (counted in `waits`). False when nothing was pending.
   bool wait_all();
+  /// The device's own stream waits (stream_wait_event; no wait here) for the work queued so far on
+  /// every stream registered, for what must follow whatever may still use the device's memory (a
+  /// tag's sleep). Unfenced frees get their fences first. A native stream destroyed since
+  /// (`identify` no longer names it) is covered by its newest fence when no live memory refers to
+  /// it; otherwise, and for another device's stream or a broken one, the whole device is
+  /// synchronized instead (counted in `waits`). Errors: capture_active, device_error.
+  result<void> order_device_after_all();
   /// Whether any fence is in flight or any free unfenced (broken streams aside).
   [[nodiscard]] bool pending() const noexcept { return pending_fences_ > 0 || unfenced_; }
   /// Whether memory waits for fences that the device may pass, or for a synchronization.

@@ -38,10 +38,12 @@
 #include "devrt/memory/handle.hpp"
 #include "devrt/memory/storage.hpp"
 #include "devrt/memory/stream.hpp"
+#include "devrt/memory/tag.hpp"
 #include "devrt/memory/usage.hpp"
 #include "devrt/runtime/device_actor.hpp"
 #include "devrt/runtime/error.hpp"
 #include "devrt/runtime/future.hpp"
+#include "devrt/runtime/tag.hpp"
 
 namespace devrt::runtime {
 
@@ -325,8 +327,18 @@ class compute_client {
   /// README): memory freed on `s` may come back at once, memory freed on other streams only once
   /// their work on it is done.
   template <class Token = default_token>
-  auto reserve(std::uint64_t size, memory::stream s, Token&& token = {}) const {
-    return async_run<memory_handle>([size, q = s.id()](actor_core& c) { return c.reserve(size, q); },
+  requires(!std::is_convertible_v<Token, const memory::tag_name&>) auto reserve(std::uint64_t size, memory::stream s,
+                                                                                Token&& token = {}) const {
+    return async_run<memory_handle>(
+        [size, q = s.id(), t = current_tag_id()](actor_core& c) { return c.reserve(size, q, t); },
+        std::forward<Token>(token));
+  }
+  /// Reserves `size` bytes tagged `tag` (devrt/memory/tag.hpp), whatever this thread's tag.
+  template <class Token = default_token>
+  auto reserve(std::uint64_t size, memory::stream s, const memory::tag_name& tag, Token&& token = {}) const {
+    auto id = memory::intern_tag(tag);
+    if (!id) return async_fail<memory_handle>(std::move(id).err(), std::forward<Token>(token));
+    return async_run<memory_handle>([size, q = s.id(), t = *id](actor_core& c) { return c.reserve(size, q, t); },
                                     std::forward<Token>(token));
   }
 
@@ -334,12 +346,52 @@ class compute_client {
   /// with this thread's later messages. If that fails, later operations on the handle report the
   /// failure.
   [[nodiscard]] memory_handle create(std::uint64_t size, memory::stream s = {}) const {
-    const auto& actor = require();
-    memory_handle h = memory_handle::make();
-    actor->run_or_post(message([size, h, q = s.id()](actor_core* core, const error*) {
-      if (core != nullptr) core->create(size, h, q);
-    }));
-    return h;
+    return create_tagged(size, s, current_tag_id());
+  }
+  /// The same, tagged `tag` whatever this thread's tag. Throws devrt::exception (invalid_argument)
+  /// when the process has `memory::max_tags` tags already.
+  [[nodiscard]] memory_handle create(std::uint64_t size, memory::stream s, const memory::tag_name& tag) const {
+    auto id = memory::intern_tag(tag);
+    if (!id) throw exception(std::move(id).err());
+    return create_tagged(size, s, *id);
+  }
+
+  /// Tags this thread's later reserves and creates (those that name no tag) until the scope ends
+  /// (runtime/tag.hpp). Throws devrt::exception (invalid_argument) for a malformed tag.
+  [[nodiscard]] static tag_scope tag(std::string_view name) { return tag_scope(name); }
+
+  /// Puts the memory tagged `tag` on this device to sleep (devrt/memory/tag.hpp): in stream order
+  /// after the work queued on the device's streams, copies every live allocation of the tag to
+  /// pinned host memory when `keep_contents`, unmaps and releases its physical memory, keeping
+  /// the addresses. Completes once the device has the memory back; the device thread does not wait
+  /// for the GPU meanwhile. A tag unknown here or already asleep: completes at once. Errors:
+  /// invalid_argument (a malformed tag), unsupported (a device that cannot map memory),
+  /// capture_active, out_of_memory (no host memory for the copy: nothing changed), device_error.
+  template <class Token = default_token>
+  auto sleep(std::string_view tag, bool keep_contents, Token&& token = {}) const {
+    auto id = lookup_tag(tag);
+    if (!id) return async_fail<void>(std::move(id).err(), std::forward<Token>(token));
+    return async_run_raw<void>(
+        [t = *id, keep_contents](actor_core& c, auto finish) { c.sleep_tag(t, keep_contents, std::move(finish)); },
+        std::forward<Token>(token));
+  }
+  /// Wakes `tag`: maps new physical memory at the same addresses (with the device's peer access)
+  /// and restores the kept contents; completes once they are back. An awake tag: at once. Errors:
+  /// out_of_memory (nothing changed: the tag stays asleep, its kept copy too), invalid_argument,
+  /// capture_active, device_error.
+  template <class Token = default_token>
+  auto wake(std::string_view tag, Token&& token = {}) const {
+    auto id = lookup_tag(tag);
+    if (!id) return async_fail<void>(std::move(id).err(), std::forward<Token>(token));
+    return async_run_raw<void>([t = *id](actor_core& c, auto finish) { c.wake_tag(t, std::move(finish)); },
+                               std::forward<Token>(token));
+  }
+  /// What every tag used on this device holds (state, bytes in use, reserved, sleeping, offloaded).
+  template <class Token = default_token>
+  auto tags(Token&& token = {}) const {
+    return async_run<std::vector<memory::tag_usage>>(
+        [](actor_core& c) -> result<std::vector<memory::tag_usage>> { return c.manager().tags(); },
+        std::forward<Token>(token));
   }
 
   /// Marks the memory as used on stream `s` too (as PyTorch's `record_stream`): when its last
@@ -604,6 +656,21 @@ class compute_client {
     }));
   }
   /// The actor, or throws for a default-constructed client (which refers to no device).
+  [[nodiscard]] memory_handle create_tagged(std::uint64_t size, memory::stream s, memory::tag_id tag) const {
+    const auto& actor = require();
+    memory_handle h = memory_handle::make();
+    actor->run_or_post(message([size, h, q = s.id(), tag](actor_core* core, const error*) {
+      if (core != nullptr) core->create(size, h, q, tag);
+    }));
+    return h;
+  }
+  static result<memory::tag_id> lookup_tag(std::string_view tag) {
+    auto name = memory::tag_name::make(tag);
+    if (!name) return std::move(name).err();
+    if (name->empty()) return error::make(errc::invalid_argument, "sleep and wake need a tag (the name is empty)");
+    return memory::intern_tag(*name);
+  }
+
   const std::shared_ptr<device_actor>& require() const {
     if (actor_ == nullptr) {
       throw exception(error::make(errc::invalid_argument,

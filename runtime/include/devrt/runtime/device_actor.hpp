@@ -59,10 +59,12 @@ class actor_core {
 
   /// Reserve; on out_of_memory the manager reclaims once (waits for the streams' fences, explicit
   /// cleanup and flush) and retries once.
-  result<memory::memory_handle> reserve(std::uint64_t size, memory::stream_id q = memory::streams::device);
+  result<memory::memory_handle> reserve(std::uint64_t size, memory::stream_id q = memory::streams::device,
+                                        memory::tag_id tag = 0);
   /// Reserves and binds `handle` (the second half of a client's create). A failure is kept with
   /// the handle's identity (its descriptor) so that later uses of the handle report it.
-  void create(std::uint64_t size, const memory::memory_handle& handle, memory::stream_id q = memory::streams::device);
+  void create(std::uint64_t size, const memory::memory_handle& handle, memory::stream_id q = memory::streams::device,
+              memory::tag_id tag = 0);
   /// Turns a not_found for a handle whose create failed into that failure.
   static error explain(const error& e, const memory::memory_binding& b);
 
@@ -84,6 +86,18 @@ class actor_core {
   result<void> capture_begin();
   /// Closes both; returns the pins and the recorded work (nullptr without streams).
   result<std::pair<std::vector<memory::memory_handle>, std::shared_ptr<memory::recorded_work>>> capture_end();
+
+  /// Sleep and wake of a tag (memory/tag.hpp): the manager queues the work, and `finish` gets the
+  /// outcome once the device has passed it and the manager settled it (the memory back with the
+  /// device, or the host copy freed); the device thread does not wait meanwhile.
+  template <class Finish>
+  void sleep_tag(memory::tag_id tag, bool keep_contents, Finish finish) {
+    settle_after(manager_->sleep(tag, keep_contents), tag, std::move(finish));
+  }
+  template <class Finish>
+  void wake_tag(memory::tag_id tag, Finish finish) {
+    settle_after(manager_->wake(tag), tag, std::move(finish));
+  }
 
   /// Persistent scopes nest: the mode is persistent while at least one is open.
   void enter_persistent();
@@ -109,6 +123,22 @@ class actor_core {
   }
 
  private:
+  template <class Finish>
+  void settle_after(result<memory::event> e, memory::tag_id tag, Finish finish) {
+    if (!e) {
+      finish(result<void>(std::move(e).err()));
+      return;
+    }
+    park(*e, message([tag, f = std::move(finish)](actor_core* core, const error* err) mutable {
+      if (core == nullptr) {
+        f(result<void>(*err));
+        return;
+      }
+      auto s = core->manager().settle_tag(tag);
+      f(s ? result<void>() : result<void>(std::move(s).err()));
+    }));
+  }
+
   std::unique_ptr<memory::memory_manager> manager_;
   std::shared_ptr<spdlog::logger> log_;
   device_info info_;
