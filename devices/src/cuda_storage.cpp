@@ -290,6 +290,48 @@ result<void> cuda_storage::write_on(const memory::storage_handle& h, const void*
   return {};
 }
 
+result<void*> cuda_storage::alloc_host(std::uint64_t size) {
+  if (auto b = bind_device(); !b) return std::move(b).err();
+  void* p = nullptr;
+  if (auto e = cudaHostAlloc(&p, static_cast<std::size_t>(size == 0 ? 1 : size), cudaHostAllocPortable);
+      e != cudaSuccess) {
+    cudaGetLastError();
+    error err = error::make(errc::out_of_memory, "cudaHostAlloc refused the pinned memory for a sleeping tag");
+    err.size = size;
+    err.text = cudaGetErrorName(e);
+    return err;
+  }
+  return p;
+}
+
+void cuda_storage::free_host(void* p, std::uint64_t /*size*/) noexcept {
+  if (p != nullptr) cudaFreeHost(p);
+}
+
+result<void> cuda_storage::copy_to_host(const memory::storage_handle& h, void* dst) {
+  if (auto c = refuse_in_capture(memory::streams::device, "copy"); !c) return c;
+  auto r = get(h);
+  if (!r) return std::move(r).err();
+  if (auto b = bind_device(); !b) return b;
+  if (h.size == 0) return {};
+  if (auto e = cudaMemcpyAsync(dst, r->ptr, h.size, cudaMemcpyDeviceToHost, as_stream(stream_)); e != cudaSuccess) {
+    return cuda_error(e, "cudaMemcpyAsync (device to pinned host) failed");
+  }
+  return {};
+}
+
+result<void> cuda_storage::copy_from_host(const memory::storage_handle& h, const void* src) {
+  if (auto c = refuse_in_capture(memory::streams::device, "copy"); !c) return c;
+  auto r = get(h);
+  if (!r) return std::move(r).err();
+  if (auto b = bind_device(); !b) return b;
+  if (h.size == 0) return {};
+  if (auto e = cudaMemcpyAsync(r->ptr, src, h.size, cudaMemcpyHostToDevice, as_stream(stream_)); e != cudaSuccess) {
+    return cuda_error(e, "cudaMemcpyAsync (pinned host to device) failed");
+  }
+  return {};
+}
+
 result<memory::event> cuda_storage::read_async(const memory::storage_handle& h, void* dst, memory::stream_id q) {
   if (auto c = refuse_in_capture(q, "read"); !c) return std::move(c).err();
   auto r = get(h);

@@ -147,6 +147,14 @@ class cuda_storage {
   /// pinned memory), device_error.
   result<void> write_on(const memory::storage_handle& h, const void* src, memory::stream_id q);
   result<memory::event> read_async(const memory::storage_handle& h, void* dst, memory::stream_id q);
+  /// Pinned host memory for a sleeping tag's contents (cudaHostAlloc). Error out_of_memory.
+  result<void*> alloc_host(std::uint64_t size);
+  /// cudaFreeHost, once the copies that used it are done (it waits for the device itself).
+  void free_host(void* p, std::uint64_t size) noexcept;
+  /// cudaMemcpyAsync between the view and pinned host memory on the device's stream, not waited
+  /// for. Errors: capture_active, device_error.
+  result<void> copy_to_host(const memory::storage_handle& h, void* dst);
+  result<void> copy_from_host(const memory::storage_handle& h, const void* src);
   /// The CUDA stream that work for `q` is ordered on.
   [[nodiscard]] void* stream_of(memory::stream_id q) const noexcept;
   /// Times the owner thread waited for the GPU: an unmap that a map had to wait for, memory
