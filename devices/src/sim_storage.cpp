@@ -589,4 +589,16 @@ result<memory::event> sim_storage::read_async(const memory::storage_handle& h, v
   return record_event(s);
 }
 
+result<void> sim_storage::copy_to_host(const memory::storage_handle& h, void* /*dst*/) {
+  auto r = get(h);
+  if (!r) return std::move(r).err();
+  return {};
+}
+
+result<void> sim_storage::copy_from_host(const memory::storage_handle& h, const void* /*src*/) {
+  auto r = get(h);
+  if (!r) return std::move(r).err();
+  return {};
+}
+
 }  // namespace devrt::devices

@@ -76,6 +76,10 @@ class sim_storage {
   [[nodiscard]] result<memory::resource> get(const memory::storage_handle& h);
   result<void> write(const memory::storage_handle& h, const void* src);
   result<void> read(const memory::storage_handle& h, void* dst);
+  /// A sleeping tag's contents: the simulated device holds no bytes, so there is nothing to copy
+  /// (the view must still exist). Error invalid_argument for a view the device does not know.
+  result<void> copy_to_host(const memory::storage_handle& h, void* dst);
+  result<void> copy_from_host(const memory::storage_handle& h, const void* src);
   [[nodiscard]] std::size_t pending_deallocations() const noexcept;
   [[nodiscard]] std::string name() const { return opts_.name; }
 
