@@ -13,16 +13,24 @@ default stream, ``STREAM_DEVICE`` (3) the device's own stream (devrt's). A strea
 right after the memory used on it is freed, with its work still queued. Errors raise
 ``DevrtError`` (``DevrtOutOfMemoryError`` for out of memory) with devrt's message.
 
+Tags, sleep and wake: allocations made under a tag (``with devrt.tag("weights"):``, or
+``set_tag``) get an address range of their own per device, so the tag's memory can sleep:
+``devrt.sleep("weights", device)`` gives its physical memory back to the device (copying the live
+allocations to host memory first unless ``keep=False``) while every pointer stays valid, and
+``devrt.wake("weights", device)`` maps memory at the same addresses again and restores what was
+kept. Allocating under a sleeping tag raises ``DevrtError`` with status ``ERROR_ASLEEP``.
+
 PyTorch and CuPy: ``devrt.torch.install()`` and ``devrt.cupy.install()``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import threading
 from pathlib import Path
-from typing import Dict, Optional
+from typing import Dict, Iterable, Optional, Union
 
 __all__ = [
     "HOST", "STREAM_LEGACY", "STREAM_PER_THREAD", "STREAM_DEVICE", "DevrtError", "DevrtOutOfMemoryError", "lib", "library_path",
@@ -30,6 +38,7 @@ __all__ = [
     "allocation_size",
     "stats", "reset_peak_stats", "empty_cache", "configure", "last_error",
     "record_memory_history", "memory_snapshot", "merge_snapshots", "metrics_text",
+    "set_tag", "get_tag", "tag", "sleep", "wake", "MAX_TAG_LENGTH",
 ]
 
 HOST = -1
@@ -55,6 +64,13 @@ ERROR_NOT_INITIALIZED = 10
 ERROR_ALREADY_INITIALIZED = 11
 ERROR_DEVICE = 12
 ERROR_INTERNAL = 13
+ERROR_ASLEEP = 14
+ERROR_UNSUPPORTED = 15
+
+# The version of devrt_stats read (devrt_get_stats_v): 2 has the sleep and wake fields.
+_STATS_VERSION = 2
+# Longest tag, in bytes (printable ASCII only).
+MAX_TAG_LENGTH = 63
 
 
 class DevrtError(RuntimeError):
@@ -88,6 +104,8 @@ _STAT_FIELDS = [
     "reserved_bytes", "peak_reserved_bytes", "in_use_bytes", "peak_in_use_bytes", "live_allocations",
     "allocations", "frees", "failed_allocations", "out_of_memory_errors", "driver_allocs", "driver_frees",
     "maps", "unmaps", "device_refusals", "cleanups", "reclaims", "stream_waits", "fences", "streams",
+    # version 2: sleep and wake
+    "sleeping_bytes", "offloaded_bytes", "sleeps", "wakes",
 ]
 
 
@@ -155,6 +173,11 @@ def lib() -> ctypes.CDLL:
                 ("devrt_retire_stream", i, [i, vp]),
                 ("devrt_allocation_size", i, [vp, ctypes.POINTER(sz)]),
                 ("devrt_get_stats", i, [i, ctypes.POINTER(_Stats)]),
+                ("devrt_get_stats_v", i, [i, ctypes.POINTER(_Stats), i]),
+                ("devrt_set_tag", i, [ctypes.c_char_p]),
+                ("devrt_get_tag", ctypes.c_char_p, []),
+                ("devrt_sleep", i, [i, ctypes.c_char_p, i]),
+                ("devrt_wake", i, [i, ctypes.c_char_p]),
                 ("devrt_reset_peak_stats", i, [i]),
                 ("devrt_empty_cache", i, [i]),
                 ("devrt_configure", i, [i, ctypes.c_char_p]),
@@ -256,9 +279,12 @@ def allocation_size(ptr: int) -> int:
 
 
 def stats(device: int = HOST) -> Dict[str, int]:
-    """The statistics of a device (the fields of devrt_stats in devrt/c_api.h)."""
+    """The statistics of a device (the fields of devrt_stats in devrt/c_api.h, version 2):
+    ``reserved_bytes``, ``in_use_bytes``, ..., and for sleep and wake ``sleeping_bytes`` (memory
+    unmapped by ``sleep``), ``offloaded_bytes`` (host memory holding what ``sleep`` kept),
+    ``sleeps`` and ``wakes`` (the calls that put a tag to sleep and woke one)."""
     s = _Stats()
-    _check(lib().devrt_get_stats(device, ctypes.byref(s)))
+    _check(lib().devrt_get_stats_v(device, ctypes.byref(s), _STATS_VERSION))
     return {name: int(getattr(s, name)) for name in _STAT_FIELDS}
 
 
@@ -357,3 +383,89 @@ def metrics_text() -> str:
     labelled with the device, ending in ``# EOF``."""
     l = lib()
     return _text(lambda buf, size, n: l.devrt_metrics_text(buf, size, n), "metrics_text").decode()
+
+
+# ---- Tags, sleep and wake ----
+
+TagLike = Union[str, bytes]
+
+
+def _tag_bytes(name: TagLike, what: str) -> bytes:
+    """A tag as the bytes devrt takes; what C cannot see (a NUL, a type that is no string) is refused
+    here, the rest (length, printable ASCII) by devrt with its own message."""
+    if isinstance(name, str):
+        raw = name.encode("utf-8", errors="surrogateescape")
+    elif isinstance(name, (bytes, bytearray)):
+        raw = bytes(name)
+    else:
+        raise TypeError(f"{what}: a tag is a str, not {type(name).__name__} ({name!r})")
+    if b"\0" in raw:
+        raise DevrtError(ERROR_INVALID_VALUE, "DEVRT_ERROR_INVALID_VALUE",
+                         f"{what}: the tag {name!r} holds a NUL byte; a tag is printable ASCII, "
+                         f"at most {MAX_TAG_LENGTH} bytes")
+    return raw
+
+
+def set_tag(name: Optional[TagLike]) -> None:
+    """Sets the calling thread's tag for its later allocations (``malloc``, and PyTorch's through
+    ``devrt.torch``); ``None`` or ``""`` clears it. A tag is printable ASCII, at most 63 bytes;
+    anything else raises ``DevrtError`` (``ERROR_INVALID_VALUE``) and leaves the tag as it was."""
+    if name is None:
+        _check(lib().devrt_set_tag(None))
+        return
+    _check(lib().devrt_set_tag(_tag_bytes(name, "set_tag")))
+
+
+def get_tag() -> Optional[str]:
+    """The calling thread's tag; ``None`` when it has none."""
+    raw = lib().devrt_get_tag()
+    return None if raw is None else raw.decode("ascii", errors="replace")
+
+
+@contextlib.contextmanager
+def tag(name: Optional[TagLike]):
+    """Allocations of this thread inside the block carry ``name`` (``None``: no tag); the tag
+    before it is restored on the way out, an exception included. Blocks nest.
+
+        with devrt.tag("weights"):
+            p = devrt.malloc(1 << 20, device)
+    """
+    previous = get_tag()
+    set_tag(name)
+    try:
+        yield
+    finally:
+        set_tag(previous)
+
+
+def _tags(tags, what: str) -> list:
+    if isinstance(tags, (str, bytes, bytearray)):
+        return [tags]
+    if tags is None:
+        raise TypeError(f"{what}: name the tag (a str, or a list or tuple of them)")
+    return list(tags)
+
+
+def sleep(tags: Union[TagLike, Iterable[TagLike]], device: int = HOST, keep: bool = True) -> None:
+    """Puts the memory of ``tags`` (a tag, or a list or tuple of them, each in turn) on ``device``
+    to sleep: in stream order after the work queued on the device's streams (the streams devrt has
+    seen), copies the live allocations to host memory when ``keep`` is true, then gives the
+    physical memory back to the device; addresses stay reserved, pointers valid. Touching the
+    memory before ``wake`` is an error of the program (an illegal address on CUDA, a segmentation
+    fault on the host). Allocating under a sleeping tag raises ``ERROR_ASLEEP``; freeing is fine.
+    A tag never used on the device, or asleep already: nothing happens. Raises ``DevrtError``
+    (``ERROR_UNSUPPORTED`` where the device cannot map memory), ``DevrtOutOfMemoryError`` when
+    the host has no room for the copy (that tag unchanged; the tags before it in the list stay
+    asleep)."""
+    for t in _tags(tags, "sleep"):
+        _check(lib().devrt_sleep(int(device), _tag_bytes(t, "sleep"), 1 if keep else 0))
+
+
+def wake(tags: Union[TagLike, Iterable[TagLike]], device: int = HOST) -> None:
+    """Wakes ``tags`` (a tag, or a list or tuple of them, each in turn) on ``device``: memory is
+    mapped at the same addresses and the contents ``sleep`` kept are restored (memory slept with
+    ``keep=False`` comes back uncleared: write it before reading). An awake tag: nothing happens.
+    ``DevrtOutOfMemoryError`` when the device has no room: that tag stays asleep with its kept copy
+    (free memory and call again); the tags before it in the list are awake."""
+    for t in _tags(tags, "wake"):
+        _check(lib().devrt_wake(int(device), _tag_bytes(t, "wake")))

@@ -21,20 +21,42 @@ can only come from C++ code linked against c10, which this pure-Python package i
 the code that may run out of memory in ``with devrt.torch.oom_errors():`` to get a
 ``torch.OutOfMemoryError`` with devrt's message (sizes included), or catch ``RuntimeError`` and call
 ``is_out_of_memory(e)``.
+
+Sleep and wake (as vLLM's sleep mode): allocate under tags, then give their memory back to the
+GPU while every tensor keeps its address (CUDA graphs captured over them stay valid)::
+
+    devrt.torch.install()
+    with devrt.torch.tag("weights"):
+        model = build_model().cuda()
+    with devrt.torch.tag("kv_cache"):
+        cache = torch.empty(..., device="cuda")
+    devrt.torch.sleep(("weights", "kv_cache"), keep=("weights",))  # vLLM's level 1; keep=() level 2
+    ...                                                             # the GPU memory is free
+    devrt.torch.wake_up()                                           # weights back, the cache to refill
+
+Without ``install()`` (PyTorch's own allocator, CUDA initialised already), ``use_mem_pool(tag)``
+serves the block's allocations from a ``torch.cuda.MemPool`` whose memory devrt provides under
+that tag; ``sleep`` and ``wake_up`` work the same on it.
 """
 
 from __future__ import annotations
 
 import contextlib
 import ctypes
+import threading
 import warnings
-from typing import Dict, Optional
+from typing import Dict, Iterable, Optional, Union
 
 import devrt as _devrt
 
 _installed = None  # the CUDAPluggableAllocator: PyTorch keeps only a raw pointer to its functions
 
 _OOM_MARKER = "devrt_torch_malloc:"
+
+_state_lock = threading.Lock()
+_pool_allocator = None  # the CUDAPluggableAllocator the MemPools take memory from (kept alive)
+_pools: Dict[str, object] = {}  # tag -> torch.cuda.MemPool
+_asleep: Dict[int, Dict[str, bool]] = {}  # device -> {tag: contents kept}, what sleep() put to sleep
 
 
 def _torch():
@@ -182,3 +204,181 @@ def dump_snapshot(path: str) -> None:
 
     with open(path, "wb") as f:
         pickle.dump(memory_snapshot(), f)
+
+
+# ---- Tags, sleep and wake ----
+
+tag = _devrt.tag  # with devrt.torch.tag("weights"): the CUDA tensors made in the block carry the tag
+set_tag = _devrt.set_tag
+get_tag = _devrt.get_tag
+
+
+def _tag_list(tags, what: str) -> list:
+    if isinstance(tags, (str, bytes, bytearray)):
+        tags = [tags]
+    if tags is None:
+        raise TypeError(f"devrt.torch.{what}: name the tags (a str, or a list or tuple of them)")
+    out = []
+    for t in tags:
+        if isinstance(t, (bytes, bytearray)):
+            t = bytes(t).decode("ascii", errors="replace")
+        if not isinstance(t, str):
+            raise TypeError(f"devrt.torch.{what}: a tag is a str, not {type(t).__name__} ({t!r})")
+        if t not in out:
+            out.append(t)
+    return out
+
+
+@contextlib.contextmanager
+def _untagged():
+    previous = _devrt.get_tag()
+    if previous is None:
+        yield
+        return
+    _devrt.set_tag(None)
+    try:
+        yield
+    finally:
+        _devrt.set_tag(previous)
+
+
+@contextlib.contextmanager
+def _current_stream_known(torch, device: int):
+    """Keeps a 1-byte untagged allocation of devrt's live on PyTorch's current stream for the
+    block: devrt then counts that stream among the device's streams, so a sleep inside the block
+    follows (in stream order) the work PyTorch queued there, even where devrt had not seen the
+    stream before (a pool's memory taken on another stream, a stream made since)."""
+    stream = torch.cuda.current_stream(device).cuda_stream
+    with _untagged():
+        ptr = _devrt.malloc(1, device, stream)
+    try:
+        yield
+    finally:
+        _devrt.free(ptr, device, stream)
+
+
+def sleep(tags: Union[str, Iterable[str]], keep: Union[bool, str, Iterable[str]] = (), device=None) -> None:
+    """Puts the GPU memory of ``tags`` to sleep on ``device`` (None: the current CUDA device): its
+    physical memory goes back to the GPU (``torch.cuda.mem_get_info`` shows it free) while every
+    tensor keeps its address. ``keep`` names the tags whose contents are kept (copied to pinned
+    host memory and restored by ``wake_up``): True for all, () for none; the others come back with
+    whatever the memory holds, to be written again before they are read (a KV cache to refill,
+    weights to load). vLLM's level 1 is ``sleep(("weights", "kv_cache"), keep=("weights",))``,
+    level 2 ``keep=()``.
+
+    No ``torch.cuda.synchronize()`` is needed: devrt copies and unmaps in stream order after the
+    work queued on the device's streams that it knows, which are the streams memory was allocated
+    or freed on through devrt, and PyTorch's current stream (made known here). Kernels PyTorch
+    queued on other streams devrt has never seen (no allocation on them) and that still use the
+    tagged memory must be synchronized by the caller first (``stream.synchronize()``).
+
+    Until ``wake_up``: no kernel may touch the sleeping tensors (an illegal address), and nothing
+    may be allocated under a sleeping tag (devrt refuses with DEVRT_ERROR_ASLEEP; with
+    ``use_mem_pool`` the block refuses to start, as PyTorch could hand out memory its pool caches).
+    Freeing sleeping tensors is fine. A tag not used on the device, or asleep already: nothing
+    happens. Raises ``devrt.DevrtError`` with devrt's message."""
+    torch = _torch()
+    names = _tag_list(tags, "sleep")
+    if keep is True:
+        kept = set(names)
+    elif keep is False or keep is None:
+        kept = set()
+    else:
+        kept = set(_tag_list(keep, "sleep"))
+        extra = sorted(kept - set(names))
+        if extra:
+            raise ValueError(f"devrt.torch.sleep: keep names tags that are not slept: {extra} (tags: {names})")
+    d = _device(device)
+    with torch.cuda.device(d), _current_stream_known(torch, d):
+        for t in names:
+            _devrt.sleep(t, d, keep=t in kept)
+            with _state_lock:
+                _asleep.setdefault(d, {}).setdefault(t, t in kept)
+
+
+def wake_up(tags: Union[None, str, Iterable[str]] = None, device=None) -> None:
+    """Wakes ``tags`` on ``device`` (None: the current CUDA device): memory is mapped at the same
+    addresses and the kept contents restored before it returns. ``tags`` None: every tag
+    ``sleep`` put to sleep there. Tags slept without their contents hold garbage: write them
+    before reading. Out of memory (``devrt.DevrtOutOfMemoryError``): that tag stays asleep with its
+    kept copy; free memory and call again."""
+    torch = _torch()
+    d = _device(device)
+    with _state_lock:
+        known = list(_asleep.get(d, {}))
+    names = known if tags is None else _tag_list(tags, "wake_up")
+    with torch.cuda.device(d):
+        for t in names:
+            _devrt.wake(t, d)
+            with _state_lock:
+                _asleep.get(d, {}).pop(t, None)
+
+
+def sleeping(device=None) -> Dict[str, bool]:
+    """The tags ``sleep`` put to sleep on ``device`` and not woken since, each with whether its
+    contents were kept."""
+    d = _device(device)
+    with _state_lock:
+        return dict(_asleep.get(d, {}))
+
+
+def mem_pool():
+    """A new ``torch.cuda.MemPool`` whose segments devrt allocates (``devrt_torch_malloc`` and
+    ``devrt_torch_free`` through ``torch.cuda.memory.CUDAPluggableAllocator``), with PyTorch's
+    caching allocator in charge of the blocks inside them. For a process that did not call
+    ``install()``: it works after CUDA is initialised. Segments take the tag of the thread that
+    asks for them (``use_mem_pool(tag)`` sets both). Under ``install()`` PyTorch's allocator is
+    devrt already and has no MemPools: use ``tag`` (or ``use_mem_pool``, which then tags only)."""
+    global _pool_allocator
+    torch = _torch()
+    if _installed is not None:
+        raise RuntimeError(
+            "devrt.torch.mem_pool(): devrt.torch.install() made devrt PyTorch's allocator, which has no "
+            "MemPools; every CUDA tensor comes from devrt already: allocate under devrt.torch.tag(name)")
+    with _state_lock:
+        if _pool_allocator is None:
+            _devrt.lib()  # loads the library (and says where it looked if it is missing)
+            _pool_allocator = torch.cuda.memory.CUDAPluggableAllocator(
+                _devrt.library_path(), "devrt_torch_malloc", "devrt_torch_free")
+        allocator = _pool_allocator
+    return torch.cuda.MemPool(allocator.allocator())
+
+
+def pool(name: str):
+    """The ``torch.cuda.MemPool`` of tag ``name`` (made on first use; one per tag, so that tags never
+    share a segment)."""
+    if not isinstance(name, str) or not name:
+        raise TypeError(f"devrt.torch.pool: a tag is a non-empty str, not {name!r}")
+    with _devrt.tag(name):  # devrt checks the name (printable ASCII, at most 63 bytes)
+        pass
+    with _state_lock:
+        p = _pools.get(name)
+    if p is None:
+        p = mem_pool()
+        with _state_lock:
+            p = _pools.setdefault(name, p)
+    return p
+
+
+@contextlib.contextmanager
+def use_mem_pool(name: str, device=None):
+    """Inside the block, this thread's CUDA allocations come from the MemPool of tag ``name``
+    (``torch.cuda.use_mem_pool(pool(name))``) and the segments devrt gives that pool carry the tag
+    (``tag(name)``), so ``sleep(name)`` frees them. Under ``install()`` it is ``tag(name)`` alone.
+    Refused (``devrt.DevrtError``, DEVRT_ERROR_ASLEEP) while ``sleep`` has the tag asleep on the
+    device: PyTorch could hand out a block its pool caches in the sleeping memory."""
+    torch = _torch()
+    d = _device(device)
+    with _state_lock:
+        asleep = name in _asleep.get(d, {})
+    if asleep:
+        raise _devrt.DevrtError(
+            _devrt.ERROR_ASLEEP, "DEVRT_ERROR_ASLEEP",
+            f"devrt.torch.use_mem_pool: tag '{name}' is asleep on cuda:{d}; devrt.torch.wake_up('{name}') first")
+    if _installed is not None:
+        with _devrt.tag(name):
+            yield None
+        return
+    p = pool(name)
+    with torch.cuda.use_mem_pool(p, device=d), _devrt.tag(name):
+        yield p
