@@ -695,8 +695,11 @@ void arena_pool::release(pool_context& ctx, const location& loc, std::uint64_t t
   usage_.bytes_padding -= s->extent - s->size;
   ctx.sub_in_use(s->size);
   s->size = 0;
+  // Asleep, the memory is unmapped behind every stream's work queued before the sleep, and no
+  // stream may use it until the wake maps new memory there: the free needs no stream's fence.
+  if (asleep_) tag = 0;
   s->tag = tag;
-  s->epoch = epoch;
+  s->epoch = tag == 0 ? 0 : epoch;
   if (tag == 0) {
     unuse_mappings(*s);
     merge_into_index(slot);

@@ -220,16 +220,25 @@ void memory_manager::explain_out_of_memory(error& e, std::uint64_t size, stream_
                       return a->requested_size != b->requested_size ? a->requested_size > b->requested_size
                                                                     : a->sequence < b->sequence;
                     });
+  // Sleeping tags' live bytes count as in use but hold no device memory.
+  std::uint64_t asleep_in_use = 0;
+  for (const auto& t : tags_) {
+    if (t != nullptr && t->state == tag_state::asleep) asleep_in_use += t->bytes_in_use;
+  }
+  const std::uint64_t awake_in_use = st.bytes_in_use - std::min(st.bytes_in_use, asleep_in_use);
   std::string out =
       fmt::format("request: {} ({} bytes) on {}, {}\n", format_bytes(size), size, opts_.name, stream_name(q));
   out += fmt::format("device: capacity {}, free {}\n",
                      props_.capacity != 0 ? format_bytes(props_.capacity) : std::string("unknown"),
                      device_free ? format_bytes(*device_free) : std::string("unknown"));
   out += fmt::format(
-      "devrt: reserved {}, in use {} in {} allocations, returning {}, held for streams {}, free in its pools {} "
+      "devrt: reserved {}, in use {} in {} allocations{}, returning {}, held for streams {}, free in its pools {} "
       "(largest free block {})\n",
-      format_bytes(st.bytes_reserved), format_bytes(st.bytes_in_use), live.size(), format_bytes(st.bytes_returning),
-      format_bytes(st.bytes_held_for_streams), format_bytes(free_in_pools), format_bytes(largest_free));
+      format_bytes(st.bytes_reserved), format_bytes(awake_in_use), live.size(),
+      asleep_in_use != 0 ? fmt::format(" (and {} asleep, not on the device)", format_bytes(asleep_in_use))
+                         : std::string(),
+      format_bytes(st.bytes_returning), format_bytes(st.bytes_held_for_streams), format_bytes(free_in_pools),
+      format_bytes(largest_free));
   if (n != 0) {
     out += fmt::format("the {} largest live allocations (of {}):\n", n, live.size());
     for (std::size_t i = 0; i < n; ++i) {
@@ -257,11 +266,11 @@ void memory_manager::explain_out_of_memory(error& e, std::uint64_t size, stream_
         "hint: devrt holds {} of the device's {}; the rest is held outside devrt (another allocator or "
         "process, the CUDA context)\n",
         format_bytes(st.bytes_reserved), format_bytes(props_.capacity));
-  } else if (props_.capacity != 0 && st.bytes_in_use + size > props_.capacity) {
+  } else if (props_.capacity != 0 && awake_in_use + size > props_.capacity) {
     out +=
         "hint: the live allocations and the request need more than the device has: free some of them, or "
         "use smaller requests\n";
-  } else if (props_.capacity != 0 && st.bytes_in_use + size > props_.capacity - props_.capacity / 20) {
+  } else if (props_.capacity != 0 && awake_in_use + size > props_.capacity - props_.capacity / 20) {
     out +=
         "hint: the live allocations and the request need nearly all of the device: free some of them, or use "
         "smaller requests\n";
@@ -280,8 +289,16 @@ memory_snapshot memory_manager::snapshot() {
   out.device = opts_.name;
   out.statistics = statistics();
   persistent_.snapshot(store_, out.segments);
-  for_each_pool(
-      [&](const dynamic_pool& p) { visit_pool(p, [&](const auto& pool) { pool.snapshot(store_, out.segments); }); });
+  for (const auto& p : pools_) visit_pool(p, [&](const auto& pool) { pool.snapshot(store_, out.segments); });
+  // A tag's arena is named by its tag.
+  for (const auto& t : tags_) {
+    if (t == nullptr || t->arena() == nullptr) continue;
+    const std::size_t first = out.segments.size();
+    t->arena()->snapshot(store_, out.segments);
+    for (std::size_t i = first; i < out.segments.size(); ++i) {
+      out.segments[i].pool = fmt::format("tag '{}'", tag_of(t->id).view());
+    }
+  }
   std::sort(out.segments.begin(), out.segments.end(),
             [](const snapshot_segment& a, const snapshot_segment& b) { return a.address < b.address; });
   out.trace = history_.entries();
@@ -878,8 +895,22 @@ std::string memory_manager::report() {
                        t.allocations, format_bytes(t.bytes_reserved), format_bytes(t.bytes_sleeping),
                        format_bytes(t.bytes_offloaded));
   }
-  out += total.to_string();
-  out += stats_.to_string();
+  // Sleeping tags' allocations stay live but hold no device memory: the usage line says so.
+  std::uint64_t asleep_in_use = 0;
+  for (const auto& t : tags_) {
+    if (t != nullptr && t->state == tag_state::asleep) asleep_in_use += t->bytes_in_use;
+  }
+  if (asleep_in_use == 0) {
+    out += total.to_string();
+  } else {
+    memory_usage awake = total;
+    awake.bytes_in_use -= std::min(awake.bytes_in_use, asleep_in_use);
+    std::string line = awake.to_string();
+    line.insert(line.size() - 1, fmt::format("; and {} in use by sleeping tags, not on the device",
+                                             format_bytes(asleep_in_use)));
+    out += line;
+  }
+  out += statistics().to_string();
   return out;
 }
 
@@ -920,9 +951,15 @@ std::string memory_manager::check_invariants() {
         !(a == nullptr && t->state == tag_state::awake)) {
       return fmt::format("tag '{}' is {} but its arena is not", tag_of(t->id).view(), to_string(t->state));
     }
-    if ((t->offload == nullptr) != t->saved.empty()) {
+    if ((t->offload.ptr == nullptr) != t->saved.empty() || t->offload_bytes > t->offload.bytes) {
       return fmt::format("tag '{}': a host copy without saved allocations, or the reverse", tag_of(t->id).view());
     }
+  }
+  std::uint64_t cached = 0;
+  for (const host_block& b : host_cache_) cached += b.bytes;
+  if (cached != stats_.bytes_host_cached) {
+    return fmt::format("statistics count {} bytes of cached host copies, the cache holds {}", stats_.bytes_host_cached,
+                       cached);
   }
   if (total.bytes_in_use != stats_.bytes_in_use + order_.held_bytes()) {
     return fmt::format("statistics count {} bytes in use and {} held for streams, the pools {}", stats_.bytes_in_use,
@@ -969,9 +1006,49 @@ void memory_manager::release_tag_spaces() {
   for (auto& t : tags_) {
     if (t == nullptr) continue;
     if (arena_pool* a = t->arena()) a->release_all(ctx_);
-    if (t->offload != nullptr) store_.free_host(t->offload, t->offload_bytes);
+    if (t->offload.ptr != nullptr) give_host_block(t->offload);
   }
   tags_.clear();
+  (void)release_host_copies();
+}
+
+result<memory_manager::host_block> memory_manager::take_host_block(std::uint64_t bytes) {
+  auto best = host_cache_.end();
+  for (auto it = host_cache_.begin(); it != host_cache_.end(); ++it) {
+    if (it->bytes >= bytes && it->bytes / 2 <= bytes && (best == host_cache_.end() || it->bytes < best->bytes)) {
+      best = it;
+    }
+  }
+  if (best != host_cache_.end()) {
+    const host_block b = *best;
+    host_cache_.erase(best);
+    stats_.bytes_host_cached -= b.bytes;
+    return b;
+  }
+  auto buf = store_.alloc_host(bytes);
+  if (!buf && buf.code() == errc::out_of_memory && !host_cache_.empty()) {
+    (void)release_host_copies();
+    buf = store_.alloc_host(bytes);
+  }
+  if (!buf) return std::move(buf).err();
+  return host_block{*buf, bytes};
+}
+
+void memory_manager::give_host_block(host_block b) {
+  if (b.ptr == nullptr) return;
+  host_cache_.push_back(b);
+  stats_.bytes_host_cached += b.bytes;
+}
+
+std::uint64_t memory_manager::release_host_copies() {
+  std::uint64_t n = 0;
+  for (const host_block& b : host_cache_) {
+    store_.free_host(b.ptr, b.bytes);
+    n += b.bytes;
+  }
+  host_cache_.clear();
+  stats_.bytes_host_cached = 0;
+  return n;
 }
 
 result<event> memory_manager::sleep(tag_id tag, bool keep_contents) {
@@ -999,6 +1076,13 @@ result<event> memory_manager::sleep(tag_id tag, bool keep_contents) {
     if (order_.poll() || order_.advanced()) harvest();
     if (auto o = order_.order_device_after_all(); !o) return std::move(o).err();
   }
+  // A copy left by a wake whose restore failed: its contents are stale now.
+  if (t->offload.ptr != nullptr && !t->restoring) {
+    give_host_block(t->offload);
+    t->offload = {};
+    t->offload_bytes = 0;
+    t->saved.clear();
+  }
   std::vector<saved_slice> saved;
   std::uint64_t total = 0;
   if (keep_contents) {
@@ -1014,14 +1098,14 @@ result<event> memory_manager::sleep(tag_id tag, bool keep_contents) {
       at += align_up(e.view.size, 64);
     }
     if (total != 0) {
-      auto buf = store_.alloc_host(total);
+      auto buf = take_host_block(total);
       if (!buf) return std::move(buf).err();
       for (const auto& e : saved) {
         if (e.view.size == 0) continue;
-        if (auto r = store_.copy_to_host(e.view, static_cast<std::byte*>(*buf) + e.at); !r) {
+        if (auto r = store_.copy_to_host(e.view, static_cast<std::byte*>(buf->ptr) + e.at); !r) {
           // Nothing unmapped yet: the tag stays awake; the copies queued so far finish first.
           (void)store_.synchronize();
-          store_.free_host(*buf, total);
+          give_host_block(*buf);
           return std::move(r).err();
         }
       }
@@ -1034,8 +1118,12 @@ result<event> memory_manager::sleep(tag_id tag, bool keep_contents) {
   t->state = tag_state::asleep;
   ++t->sleeps;
   ++stats_.sleeps;
-  if (auto f = flush(); !f) return std::move(f).err();
-  return store_.record_event(streams::device);
+  // The tag sleeps from here on: unmaps the device refused to take now stay queued, and
+  // settle_tag (or a later flush) pushes them again.
+  (void)flush();
+  auto ev = store_.record_event(streams::device);
+  if (!ev) (void)store_.synchronize();  // no event to park on: the device is done with the copies now
+  return ev ? *ev : event{0};
 }
 
 result<event> memory_manager::wake(tag_id tag) {
@@ -1053,6 +1141,11 @@ result<event> memory_manager::wake(tag_id tag) {
     if (e.code == errc::out_of_memory) {
       ++stats_.out_of_memory_errors;
       explain_out_of_memory(e, a->sleeping_bytes(), streams::device);
+      // The request is the tag's memory to map again, not an allocation.
+      constexpr std::string_view head = "request: ";
+      if (e.context.starts_with(head)) {
+        e.context.replace(0, head.size(), fmt::format("wake of tag '{}', to map again: ", tag_of(tag).view()));
+      }
     }
     return e;
   }
@@ -1067,7 +1160,7 @@ result<event> memory_manager::wake(tag_id tag) {
     auto it = std::lower_bound(t->saved.begin(), t->saved.end(), v.offset,
                                [](const saved_slice& x, std::uint64_t off) { return x.view.offset < off; });
     if (it == t->saved.end() || it->view.offset != v.offset || it->view.size != v.size || v.size == 0) continue;
-    if (auto c = store_.copy_from_host(v, static_cast<const std::byte*>(t->offload) + it->at); !c) {
+    if (auto c = store_.copy_from_host(v, static_cast<const std::byte*>(t->offload.ptr) + it->at); !c) {
       (void)store_.synchronize();
       return std::move(c).err();
     }
@@ -1080,13 +1173,17 @@ result<void> memory_manager::settle_tag(tag_id tag) {
   process_releases();
   tag_space* t = find_space(tag);
   if (t != nullptr && t->restoring) {
-    store_.free_host(t->offload, t->offload_bytes);
-    t->offload = nullptr;
+    // The copies back are done: the pinned block serves the next sleep (pinning anew costs more
+    // than the copy itself).
+    give_host_block(t->offload);
+    t->offload = {};
     t->offload_bytes = 0;
     t->saved.clear();
     t->restoring = false;
   }
-  // What a sleep unmapped behind the device's work goes back now that the work is done.
+  // What a sleep unmapped behind the device's work goes back now that the work is done (after a
+  // capture window that opened meanwhile: nothing goes back while one is open).
+  if (capture_) return {};
   if (store_.pending_deallocations() != 0 || store_.returning_bytes() != 0) return store_.flush();
   return {};
 }
@@ -1099,7 +1196,7 @@ std::vector<tag_usage> memory_manager::tags() {
     tag_usage u;
     u.name = std::string(tag_of(t->id).view());
     u.state = t->state;
-    u.contents_kept = t->state == tag_state::asleep && t->offload != nullptr;
+    u.contents_kept = t->state == tag_state::asleep && t->offload.ptr != nullptr;
     u.bytes_in_use = t->bytes_in_use;
     u.allocations = t->allocations;
     if (const arena_pool* a = t->arena()) {

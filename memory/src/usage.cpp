@@ -48,8 +48,10 @@ std::string memory_statistics::to_string() const {
                     broken_streams > 0 ? fmt::format(", {} whose fences failed", broken_streams) : std::string(),
                     fences, format_bytes(bytes_held_for_streams), stream_waits)
               : std::string()) +
-         (sleeps > 0 ? fmt::format("sleep: {} sleeping, {} offloaded to the host, {} sleeps, {} wakes\n",
-                                   format_bytes(bytes_sleeping), format_bytes(bytes_offloaded), sleeps, wakes)
+         (sleeps > 0 ? fmt::format("sleep: {} sleeping, {} offloaded to the host, {} sleeps, {} wakes, {} pinned host "
+                                   "memory kept for later copies\n",
+                                   format_bytes(bytes_sleeping), format_bytes(bytes_offloaded), sleeps, wakes,
+                                   format_bytes(bytes_host_cached))
                      : std::string());
 }
 

@@ -149,7 +149,8 @@ TEST(Sleep, WakeWithoutRoomFailsAndChangesNothing) {
   auto w = m->wake(a);
   ASSERT_FALSE(w);
   EXPECT_EQ(w.code(), errc::out_of_memory);
-  EXPECT_NE(w.err().message().find("request:"), std::string::npos) << "explained as a reserve's: " << w.err().message();
+  EXPECT_NE(w.err().message().find("wake of tag 'sleep.model_a', to map again:"), std::string::npos)
+      << "explained as a reserve's: " << w.err().message();
   ASSERT_EQ(m->check_invariants(), "");
   const auto tags = m->tags();
   const tag_usage* u = usage_of(tags, "sleep.model_a");
@@ -261,4 +262,58 @@ TEST(Sleep, OrderedWithStreamFreesOnASimulatedDeviceWithQueues) {
   ASSERT_TRUE(m.wake(t));
   ASSERT_TRUE(m.settle_tag(t));
   EXPECT_EQ(m.check_invariants(), "");
+}
+
+TEST(Sleep, KeepsThePinnedCopyForTheNextSleepUntilReleased) {
+  auto m = host_manager();
+  const tag_id w = tag("sleep.cache");
+  auto a = m->reserve(6 * mib + 5, streams::device, w).value();
+  auto b = m->reserve(mib, streams::device, w).value();
+  fill(a.ptr(), 6 * mib + 5, 1);
+  fill(b.ptr(), mib, 2);
+
+  sleep_now(*m, w, true);
+  const std::uint64_t copy = m->statistics().bytes_offloaded;
+  EXPECT_GE(copy, 7 * mib + 5);
+  EXPECT_EQ(m->statistics().bytes_host_cached, 0u) << "the copy holds contents: it is not cached";
+  // While asleep the report counts the tag's live bytes apart: in use never exceeds reserved.
+  const std::string asleep_report = m->report();
+  EXPECT_NE(asleep_report.find("in use by sleeping tags, not on the device"), std::string::npos) << asleep_report;
+  const memory_usage u = m->usage();
+  EXPECT_GT(u.bytes_in_use, u.bytes_reserved) << "the pools still count the sleeping allocations as live";
+
+  ASSERT_TRUE(m->wake(w));
+  ASSERT_TRUE(m->settle_tag(w));
+  EXPECT_EQ(m->statistics().bytes_offloaded, 0u);
+  EXPECT_EQ(m->statistics().bytes_host_cached, copy) << "the restored copy's memory is kept for the next sleep";
+  EXPECT_NE(m->report().find("pinned host memory kept for later copies"), std::string::npos) << m->report();
+  ASSERT_EQ(m->check_invariants(), "");
+
+  // The next sleep takes the cached block: nothing cached while it holds the contents.
+  fill(a.ptr(), 6 * mib + 5, 3);
+  sleep_now(*m, w, true);
+  EXPECT_EQ(m->statistics().bytes_host_cached, 0u) << "the second sleep reuses the cached copy";
+  EXPECT_EQ(m->statistics().bytes_offloaded, copy);
+  EXPECT_EQ(m->release_host_copies(), 0u) << "a copy holding a sleeping tag's contents is not released";
+  ASSERT_TRUE(m->wake(w));
+  ASSERT_TRUE(m->settle_tag(w));
+  EXPECT_TRUE(same(a.ptr(), 6 * mib + 5, 3)) << "the reused copy holds the second sleep's bytes";
+  EXPECT_TRUE(same(b.ptr(), mib, 2));
+
+  // A much smaller tag does not take a block more than twice its size: it gets its own.
+  const tag_id small = tag("sleep.cache.small");
+  auto s = m->reserve(4096, streams::device, small).value();
+  fill(s.ptr(), 4096, 4);
+  sleep_now(*m, small, true);
+  EXPECT_EQ(m->statistics().bytes_host_cached, copy) << "the large block stays cached";
+  ASSERT_TRUE(m->wake(small));
+  ASSERT_TRUE(m->settle_tag(small));
+  EXPECT_TRUE(same(s.ptr(), 4096, 4));
+  const std::uint64_t cached = m->statistics().bytes_host_cached;
+  EXPECT_GT(cached, copy);
+
+  EXPECT_EQ(m->release_host_copies(), cached);
+  EXPECT_EQ(m->statistics().bytes_host_cached, 0u);
+  EXPECT_EQ(m->release_host_copies(), 0u);
+  ASSERT_EQ(m->check_invariants(), "");
 }

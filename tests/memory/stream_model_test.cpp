@@ -5,13 +5,15 @@
 // stream), record_stream (a stream of another device included), frees, batch ends, streams that
 // progress one at a time, explicit cleanups, configure, reclaims, capture windows whose pins a
 // graph replays and drops, retired streams, streams destroyed with work still queued and created
-// again with the same handle, and the driver failing: event records and queries, free-time
-// records, allocations and maps, flushes. Two things may never happen:
+// again with the same handle, a tag's memory put to sleep (kept or discarded) and woken while
+// other streams still run, and the driver failing: event records and queries, free-time records,
+// allocations and maps, flushes. Two things may never happen:
 //
 // - a reserve on stream T gets memory whose earlier uses T's work is not ordered after (a use has
 //   passed, or is on T itself, or T waits for an event behind it);
-// - the driver gets memory back (a page freed, a mapping unmapped) while a use of it, or a live
-//   allocation in it, is still pending.
+// - the driver gets memory back (a page freed, a mapping unmapped) while a use of it is still
+//   pending, or memory of a live allocation at all, unless its tag sleeps (then only once every
+//   use of it has passed).
 //
 // Every check names the seed, the step and what happened. A planted bug in the stream order
 // (say, an explicit cleanup that takes unfenced frees for done) makes it fail within a few hundred
@@ -52,6 +54,7 @@ struct stream_slot {
 struct allocation {
   memory_handle h;
   storage_handle at;
+  bool tagged = false;            // under the model's tag (its own arena; it sleeps and wakes)
   std::size_t stream;             // index into streams
   std::vector<std::size_t> also;  // streams record_stream added
   std::vector<event> uses;
@@ -75,7 +78,7 @@ const char* const layouts[] = {"auto", "sub-slices", "exclusive-pages", "sliced:
 class model {
  public:
   model(std::uint64_t seed, const char* layout, std::uint64_t capacity, bool deferred)
-      : seed_(seed), rng_(seed), layout_(layout) {
+      : seed_(seed), rng_(seed), layout_(layout), deferred_(deferred) {
     devices::sim_options o;
     o.streams = true;
     o.deferred_unmaps = deferred;
@@ -97,6 +100,14 @@ class model {
     streams_.push_back(stream_slot{f, true, true, true, sim_->stream_uid(f)});
   }
 
+  model(const model&) = delete;
+  model& operator=(const model&) = delete;
+  // A run cut short by a problem ends here: the manager's teardown gives memory back, and the
+  // model's checks (whose state goes first) must not see it.
+  ~model() {
+    if (m_) sim_->on_give_back = nullptr;
+  }
+
   std::string where() const {
     return "seed " + std::to_string(seed_) + " (" + layout_ + ") step " + std::to_string(step_);
   }
@@ -115,6 +126,8 @@ class model {
 
   void finish() {
     if (capturing_) end_capture();
+    sim_->progress();
+    settle();
     for (auto& g : graphs_) {
       for (std::size_t i = 0; i < g.pins.size(); ++i) free_pin(g, i);
     }
@@ -185,9 +198,18 @@ class model {
       }
     }
     for (const auto& a : lives_) {
-      if (overlap(back, a.at)) {
+      if (!overlap(back, a.at)) continue;
+      if (!a.tagged || !asleep_) {
         problems_.push_back(where() + ": the driver got back memory of a live allocation");
         return;
+      }
+      for (const event e : a.uses) {
+        if (!sim_->has_passed(e)) {
+          problems_.push_back(where() + ": a sleep gave the driver memory of a live allocation (id " +
+                              std::to_string(g.id) + " offset " + std::to_string(a.at.offset) +
+                              ") while a use of it was still queued (event " + std::to_string(e) + ")");
+          return;
+        }
       }
     }
   }
@@ -231,9 +253,17 @@ class model {
       }
       return;
     }
-    const bool into = pick(4) == 0;
+    const bool tagged = pick(5) == 0;
+    const bool into = !tagged && pick(4) == 0;
     memory_handle h;
-    if (into) {
+    if (tagged) {
+      auto r = m_->reserve(size, streams_[si].handle, tag_);
+      if (!r) {
+        if (r.code() == errc::asleep && asleep_) return;
+        return expect_refusal(r.err());
+      }
+      h = std::move(*r);
+    } else if (into) {
       h = memory_handle::make();
       auto r = m_->reserve_into(size, h, streams_[si].handle);
       if (!r) return expect_refusal(r.err());
@@ -247,7 +277,7 @@ class model {
     say("reserve " + std::to_string(size) + " on " + std::to_string(streams_[si].handle) + " at id " +
         std::to_string(at.id) + " offset " + std::to_string(at.offset));
     check_reserve(at, streams_[si]);
-    lives_.push_back(allocation{std::move(h), at, si, {}, {}});
+    lives_.push_back(allocation{std::move(h), at, tagged, si, {}, {}});
   }
 
   void expect_refusal(const error& e) {
@@ -262,6 +292,7 @@ class model {
   void use() {
     if (lives_.empty()) return;
     allocation& a = lives_[pick(lives_.size())];
+    if (a.tagged && asleep_) return;  // a kernel on sleeping memory is the program's error
     std::size_t si = a.stream;
     if (!a.also.empty() && pick(2) == 0) si = a.also[pick(a.also.size())];
     if (!streams_[si].alive) return;
@@ -407,7 +438,8 @@ class model {
   }
 
   void one_step() {
-    const std::uint64_t op = pick(1000);
+    settle();
+    const std::uint64_t op = pick(1030);
     if (trace_) std::printf("  [%d] op %llu lives %zu\n", step_, static_cast<unsigned long long>(op), lives_.size());
     if (op < 280) {
       reserve();
@@ -455,9 +487,65 @@ class model {
       retire();
     } else if (op < 990) {
       destroy_and_create();
-    } else {
+    } else if (op < 1000) {
       bind();
+    } else if (op < 1015) {
+      sleep_tag();
+    } else {
+      wake_tag();
     }
+  }
+
+  // A sleep or wake is complete once its event passed (the actor parks on it and then settles).
+  void settle() {
+    if (!settling_ || !sim_->has_passed(settle_after_)) return;
+    settling_ = false;
+    if (auto r = m_->settle_tag(tag_); !r && r.code() != errc::device_error) {
+      problems_.push_back(where() + ": settle_tag failed: " + r.err().message());
+    }
+  }
+
+  void sleep_tag() {
+    // A sleep unmaps live memory and counts on the storage's contract that unmaps follow the work
+    // queued on the device (as on CUDA): only the simulated device that keeps it sleeps here.
+    if (settling_ || !deferred_) return;
+    const bool keep = pick(2) == 0;
+    asleep_ = true;  // the driver may get the memory back within the call
+    auto r = m_->sleep(tag_, keep);
+    if (!r) {
+      asleep_ = tag_asleep();
+      if (r.code() == errc::capture_active && capturing_) return;
+      if (r.code() == errc::device_error) return;  // an injected failure: the tag stays awake
+      problems_.push_back(where() + ": sleep failed: " + r.err().message());
+      return;
+    }
+    say(std::string("sleep, contents ") + (keep ? "kept" : "discarded") + ": event " + std::to_string(*r));
+    asleep_ = tag_asleep();  // a tag with no memory here yet does not sleep
+    settling_ = asleep_;
+    settle_after_ = *r;
+  }
+
+  void wake_tag() {
+    if (settling_ || !asleep_) return;
+    auto r = m_->wake(tag_);
+    if (!r) {
+      if (r.code() == errc::capture_active && capturing_) return;
+      if (r.code() == errc::out_of_memory || r.code() == errc::device_error) return;  // still asleep
+      problems_.push_back(where() + ": wake failed: " + r.err().message());
+      return;
+    }
+    say("wake: event " + std::to_string(*r));
+    asleep_ = false;
+    settling_ = true;
+    settle_after_ = *r;
+    if (tag_asleep()) problems_.push_back(where() + ": the tag is still asleep after a wake that succeeded");
+  }
+
+  bool tag_asleep() {
+    for (const tag_usage& t : m_->tags()) {
+      if (t.name == "model") return t.state == tag_state::asleep;
+    }
+    return false;
   }
 
   void prune() {
@@ -472,12 +560,17 @@ class model {
   std::uint64_t seed_;
   std::mt19937_64 rng_;
   std::string layout_;
+  bool deferred_;  // the simulated device's unmaps follow its queued work
   int step_ = 0;
   devices::sim_storage* sim_ = nullptr;
   std::unique_ptr<memory_manager> m_;
   std::vector<stream_slot> streams_;
   std::size_t foreign_ = 0;  // the stream of another device
   std::vector<allocation> lives_;
+  const tag_id tag_ = intern_tag(tag_name("model")).value();
+  bool asleep_ = false;    // the tag's state in the manager
+  bool settling_ = false;  // a sleep or wake waits for settle_after_ before settle_tag
+  event settle_after_ = 0;
   std::vector<freed> freed_;
   std::vector<graph> graphs_;
   bool capturing_ = false;

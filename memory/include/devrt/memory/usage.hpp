@@ -62,6 +62,7 @@ struct memory_statistics {
   std::uint64_t bytes_held_for_streams = 0;  ///< freed bytes kept until their streams' fences pass
   std::uint64_t bytes_sleeping = 0;   ///< memory unmapped by sleeping tags (memory/tag.hpp), mapped again on wake
   std::uint64_t bytes_offloaded = 0;  ///< host memory holding the contents sleeping tags kept
+  std::uint64_t bytes_host_cached = 0;  ///< pinned host memory kept for later sleeps' copies (no contents)
   std::uint64_t sleeps = 0;           ///< tags put to sleep
   std::uint64_t wakes = 0;            ///< tags woken
 
