@@ -38,7 +38,7 @@ __all__ = [
     "allocation_size",
     "stats", "reset_peak_stats", "empty_cache", "configure", "last_error",
     "record_memory_history", "memory_snapshot", "merge_snapshots", "metrics_text",
-    "set_tag", "get_tag", "tag", "sleep", "wake", "MAX_TAG_LENGTH",
+    "set_tag", "get_tag", "tag", "sleep", "wake", "release_host_copies", "MAX_TAG_LENGTH",
 ]
 
 HOST = -1
@@ -67,8 +67,9 @@ ERROR_INTERNAL = 13
 ERROR_ASLEEP = 14
 ERROR_UNSUPPORTED = 15
 
-# The version of devrt_stats read (devrt_get_stats_v): 2 has the sleep and wake fields.
-_STATS_VERSION = 2
+# The version of devrt_stats read (devrt_get_stats_v): 2 has the sleep and wake fields, 3 the
+# pinned host memory kept for later sleeps.
+_STATS_VERSION = 3
 # Longest tag, in bytes (printable ASCII only).
 MAX_TAG_LENGTH = 63
 
@@ -106,6 +107,8 @@ _STAT_FIELDS = [
     "maps", "unmaps", "device_refusals", "cleanups", "reclaims", "stream_waits", "fences", "streams",
     # version 2: sleep and wake
     "sleeping_bytes", "offloaded_bytes", "sleeps", "wakes",
+    # version 3: pinned host memory kept after a wake for the next sleep's copy
+    "host_cached_bytes",
 ]
 
 
@@ -178,6 +181,7 @@ def lib() -> ctypes.CDLL:
                 ("devrt_get_tag", ctypes.c_char_p, []),
                 ("devrt_sleep", i, [i, ctypes.c_char_p, i]),
                 ("devrt_wake", i, [i, ctypes.c_char_p]),
+                ("devrt_release_host_copies", i, [i, ctypes.POINTER(ctypes.c_uint64)]),
                 ("devrt_reset_peak_stats", i, [i]),
                 ("devrt_empty_cache", i, [i]),
                 ("devrt_configure", i, [i, ctypes.c_char_p]),
@@ -279,10 +283,12 @@ def allocation_size(ptr: int) -> int:
 
 
 def stats(device: int = HOST) -> Dict[str, int]:
-    """The statistics of a device (the fields of devrt_stats in devrt/c_api.h, version 2):
+    """The statistics of a device (the fields of devrt_stats in devrt/c_api.h, version 3):
     ``reserved_bytes``, ``in_use_bytes``, ..., and for sleep and wake ``sleeping_bytes`` (memory
     unmapped by ``sleep``), ``offloaded_bytes`` (host memory holding what ``sleep`` kept),
-    ``sleeps`` and ``wakes`` (the calls that put a tag to sleep and woke one)."""
+    ``sleeps`` and ``wakes`` (the calls that put a tag to sleep and woke one), and
+    ``host_cached_bytes`` (pinned host memory kept after a wake for the next sleep's copy;
+    ``release_host_copies`` frees it)."""
     s = _Stats()
     _check(lib().devrt_get_stats_v(device, ctypes.byref(s), _STATS_VERSION))
     return {name: int(getattr(s, name)) for name in _STAT_FIELDS}
@@ -469,3 +475,12 @@ def wake(tags: Union[TagLike, Iterable[TagLike]], device: int = HOST) -> None:
     (free memory and call again); the tags before it in the list are awake."""
     for t in _tags(tags, "wake"):
         _check(lib().devrt_wake(int(device), _tag_bytes(t, "wake")))
+
+
+def release_host_copies(device: int = HOST) -> int:
+    """Frees the pinned host memory devrt keeps after a wake so that the next ``sleep(keep=True)``
+    need not pin anew (``stats()["host_cached_bytes"]``); returns the bytes freed. Copies holding
+    a sleeping tag's contents stay."""
+    n = ctypes.c_uint64(0)
+    _check(lib().devrt_release_host_copies(int(device), ctypes.byref(n)))
+    return int(n.value)

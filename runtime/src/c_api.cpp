@@ -649,8 +649,12 @@ int devrt_get_stats_v(int device, devrt_stats* stats, int version) {
       out.offloaded_bytes = st.bytes_offloaded;
       out.sleeps = st.sleeps;
       out.wakes = st.wakes;
-      // A caller of version 1 has room for its fields only.
-      std::memcpy(stats, &out, version == 1 ? offsetof(devrt_stats, sleeping_bytes) : sizeof(devrt_stats));
+      out.host_cached_bytes = st.bytes_host_cached;
+      // A caller of an older version has room for its fields only.
+      const std::size_t room = version == 1   ? offsetof(devrt_stats, sleeping_bytes)
+                               : version == 2 ? offsetof(devrt_stats, host_cached_bytes)
+                                              : sizeof(devrt_stats);
+      std::memcpy(stats, &out, room);
       return static_cast<int>(DEVRT_SUCCESS);
     });
   });
@@ -679,6 +683,16 @@ int devrt_sleep(int device, const char* tag, int keep_contents) {
 
 int devrt_wake(int device, const char* tag) {
   return guarded("devrt_wake", [&] { return tag_call(device, tag, "devrt_wake", false, false); });
+}
+
+int devrt_release_host_copies(int device, uint64_t* released) {
+  return guarded("devrt_release_host_copies", [&] {
+    return on_device(device, "devrt_release_host_copies", [&](device_ctx& d) {
+      const std::uint64_t n = d.client.release_host_copies().get();
+      if (released != nullptr) *released = n;
+      return static_cast<int>(DEVRT_SUCCESS);
+    });
+  });
 }
 
 int devrt_reset_peak_stats(int device) {

@@ -353,6 +353,7 @@ TEST_F(CApi, ShutDownRefusesUntilInitAndInitRefusesWhileRunning) {
   devrt_stats s{};
   EXPECT_EQ(devrt_get_stats(host, &s), DEVRT_ERROR_NOT_INITIALIZED);
   EXPECT_EQ(devrt_configure(host, "auto"), DEVRT_ERROR_NOT_INITIALIZED);
+  EXPECT_EQ(devrt_release_host_copies(host, nullptr), DEVRT_ERROR_NOT_INITIALIZED);
 
   o.host_layout = "sliced:page=0";
   EXPECT_EQ(devrt_init(&o), DEVRT_ERROR_INVALID_LAYOUT);
@@ -442,6 +443,29 @@ TEST_F(CApi, PyTorchEntryPointsAllocateFreeAndThrowOnFailure) {
   }
   devrt_torch_empty_cache();  // no CUDA devices: nothing to do
   expect_allocation_works();
+}
+
+TEST_F(CApi, TheKeptCopyOfASleepOutlivesTheWakeUntilReleased) {
+  ASSERT_EQ(devrt_set_tag("capi.copy"), DEVRT_SUCCESS) << last();
+  void* p = nullptr;
+  ASSERT_EQ(devrt_malloc(&p, 2u << 20, host, nullptr), DEVRT_SUCCESS) << last();
+  ASSERT_EQ(devrt_set_tag(nullptr), DEVRT_SUCCESS);
+  std::memset(p, 0x3c, 2u << 20);
+  ASSERT_EQ(devrt_sleep(host, "capi.copy", 1), DEVRT_SUCCESS) << last();
+  const std::uint64_t kept = stats().offloaded_bytes;
+  EXPECT_GE(kept, 2u << 20);
+  EXPECT_EQ(stats().host_cached_bytes, 0u);
+  ASSERT_EQ(devrt_wake(host, "capi.copy"), DEVRT_SUCCESS) << last();
+  EXPECT_EQ(static_cast<unsigned char*>(p)[(2u << 20) - 1], 0x3c);
+  EXPECT_EQ(stats().host_cached_bytes, kept);
+  std::uint64_t released = 1;
+  EXPECT_EQ(devrt_release_host_copies(7, &released), DEVRT_ERROR_INVALID_DEVICE);
+  EXPECT_EQ(released, 1u) << "a failed call writes nothing";
+  EXPECT_EQ(devrt_release_host_copies(host, &released), DEVRT_SUCCESS) << last();
+  EXPECT_EQ(released, kept);
+  EXPECT_EQ(stats().host_cached_bytes, 0u);
+  EXPECT_EQ(devrt_release_host_copies(host, nullptr), DEVRT_SUCCESS) << "NULL: the count is not wanted";
+  EXPECT_EQ(devrt_free(p, host, nullptr), DEVRT_SUCCESS) << last();
 }
 
 TEST(CApiStatus, EveryStatusHasAName) {

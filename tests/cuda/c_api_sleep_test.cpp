@@ -1,7 +1,9 @@
 // Sleep and wake on a GPU through the C interface, with the streams busy: a sleep issued while a
 // kernel still writes the tagged memory keeps what the kernel wrote, gives the memory back to the
 // device (cudaMemGetInfo), and the wake restores it at the same address; a wake without room
-// fails with OUT_OF_MEMORY, stays asleep, and succeeds once room is made.
+// fails with OUT_OF_MEMORY, stays asleep, and succeeds once room is made; a second sleep copies
+// into the pinned memory the first one left, behind a kernel still writing, while another stream
+// runs a kernel on untagged memory.
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
@@ -86,7 +88,8 @@ TEST(CApiSleep, AWakeWithoutRoomFailsStaysAsleepAndSucceedsOnceThereIsRoom) {
   const std::size_t take = device_free() - big / 2;
   ASSERT_EQ(cudaMalloc(&hog, take), cudaSuccess);
   ASSERT_EQ(devrt_wake(0, "cuda.model"), DEVRT_ERROR_OUT_OF_MEMORY);
-  EXPECT_NE(std::string(devrt_last_error()).find("request:"), std::string::npos) << devrt_last_error();
+  EXPECT_NE(std::string(devrt_last_error()).find("wake of tag 'cuda.model', to map again:"), std::string::npos)
+      << devrt_last_error();
   void* q = nullptr;
   ASSERT_EQ(devrt_set_tag("cuda.model"), DEVRT_SUCCESS);
   EXPECT_EQ(devrt_malloc(&q, 1024, 0, nullptr), DEVRT_ERROR_ASLEEP) << "still asleep";
@@ -97,4 +100,47 @@ TEST(CApiSleep, AWakeWithoutRoomFailsStaysAsleepAndSucceedsOnceThereIsRoom) {
   devrt::test_kernels::check_pattern(p, big, 7, bad.d, nullptr);
   EXPECT_EQ(bad.value(), 0u) << "the kept copy survived the failed wake";
   EXPECT_EQ(devrt_free(p, 0, nullptr), DEVRT_SUCCESS);
+}
+
+TEST(CApiSleep, ASecondSleepReusesThePinnedCopyBehindBusyStreams) {
+  REQUIRE_GPU();
+  started devrt;
+  cudaStream_t s = nullptr;
+  cudaStream_t other = nullptr;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
+  ASSERT_EQ(cudaStreamCreateWithFlags(&other, cudaStreamNonBlocking), cudaSuccess);
+  ASSERT_EQ(devrt_set_tag("cuda.cache"), DEVRT_SUCCESS);
+  void* p = nullptr;
+  ASSERT_EQ(devrt_malloc(&p, big, 0, s), DEVRT_SUCCESS) << devrt_last_error();
+  ASSERT_EQ(devrt_set_tag(nullptr), DEVRT_SUCCESS);
+  void* u = nullptr;  // untagged, on another stream: it must not sleep or be disturbed
+  ASSERT_EQ(devrt_malloc(&u, big / 4, 0, other), DEVRT_SUCCESS) << devrt_last_error();
+  devrt::test_kernels::fill_pattern(p, big, 11, s);
+  ASSERT_EQ(devrt_sleep(0, "cuda.cache", 1), DEVRT_SUCCESS) << devrt_last_error();
+  ASSERT_EQ(devrt_wake(0, "cuda.cache"), DEVRT_SUCCESS) << devrt_last_error();
+  devrt_stats st{};
+  ASSERT_EQ(devrt_get_stats(0, &st), DEVRT_SUCCESS);
+  const std::uint64_t kept = st.host_cached_bytes;
+  EXPECT_GE(kept, big) << "the restored copy's pinned memory is kept";
+
+  devrt::test_kernels::spin_then_fill(u, big / 4, 5, 400'000, other);  // busy, untagged
+  devrt::test_kernels::spin_then_fill(p, big, 13, 300'000, s);         // still writing at the sleep
+  ASSERT_EQ(devrt_sleep(0, "cuda.cache", 1), DEVRT_SUCCESS) << devrt_last_error();
+  ASSERT_EQ(devrt_get_stats(0, &st), DEVRT_SUCCESS);
+  EXPECT_EQ(st.host_cached_bytes, 0u) << "the second sleep copied into the kept pinned memory";
+  EXPECT_EQ(st.offloaded_bytes, kept);
+  ASSERT_EQ(devrt_wake(0, "cuda.cache"), DEVRT_SUCCESS) << devrt_last_error();
+  mismatch_counter bad;
+  devrt::test_kernels::check_pattern(p, big, 13, bad.d, s);
+  EXPECT_EQ(bad.value(), 0u) << "the second sleep kept what the kernel wrote last";
+  mismatch_counter bad_u;
+  devrt::test_kernels::check_pattern(u, big / 4, 5, bad_u.d, other);
+  EXPECT_EQ(bad_u.value(), 0u) << "untagged memory on the other stream was not disturbed";
+  std::uint64_t released = 0;
+  ASSERT_EQ(devrt_release_host_copies(0, &released), DEVRT_SUCCESS) << devrt_last_error();
+  EXPECT_EQ(released, kept);
+  EXPECT_EQ(devrt_free(p, 0, s), DEVRT_SUCCESS);
+  EXPECT_EQ(devrt_free(u, 0, other), DEVRT_SUCCESS);
+  cudaStreamDestroy(s);
+  cudaStreamDestroy(other);
 }

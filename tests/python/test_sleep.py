@@ -338,12 +338,39 @@ class StatsVersions(unittest.TestCase):
         self.assertEqual((s.sleeping_bytes, s.offloaded_bytes, s.sleeps, s.wakes), (0xDEAD,) * 4)
         self.assertEqual(l.devrt_get_stats_v(HOST, ctypes.byref(s), 1), devrt.SUCCESS)
         self.assertEqual(s.sleeps, 0xDEAD)
+        s.host_cached_bytes = 0xDEAD
         self.assertEqual(l.devrt_get_stats_v(HOST, ctypes.byref(s), 2), devrt.SUCCESS)
         self.assertEqual(s.sleeps, 1)
         self.assertGreaterEqual(s.sleeping_bytes, MiB)
-        self.assertEqual(l.devrt_get_stats_v(HOST, ctypes.byref(s), 3), devrt.ERROR_INVALID_VALUE)
+        self.assertEqual(s.host_cached_bytes, 0xDEAD, "version 2 has no host_cached_bytes")
+        self.assertEqual(l.devrt_get_stats_v(HOST, ctypes.byref(s), 3), devrt.SUCCESS)
+        self.assertEqual(s.host_cached_bytes, 0)
+        self.assertEqual(l.devrt_get_stats_v(HOST, ctypes.byref(s), 4), devrt.ERROR_INVALID_VALUE)
         self.assertIn("version", devrt.last_error())
         devrt.wake("weights", HOST)
+        devrt.free(p, HOST)
+
+    def test_the_pinned_copy_is_kept_after_wake_and_released_on_request(self):
+        with devrt.tag("cache"):
+            p = devrt.malloc(3 * MiB, HOST)
+        ctypes.memset(p, 0x5A, 3 * MiB)
+        devrt.sleep("cache", HOST, keep=True)
+        kept = devrt.stats(HOST)["offloaded_bytes"]
+        self.assertGreaterEqual(kept, 3 * MiB)
+        self.assertEqual(devrt.stats(HOST)["host_cached_bytes"], 0)
+        devrt.wake("cache", HOST)
+        self.assertEqual(ctypes.string_at(p + 3 * MiB - 4, 4), b"\x5a" * 4)
+        self.assertEqual(devrt.stats(HOST)["host_cached_bytes"], kept)
+        devrt.sleep("cache", HOST, keep=True)
+        self.assertEqual(devrt.stats(HOST)["host_cached_bytes"], 0, "the second sleep reuses the kept copy")
+        self.assertEqual(devrt.release_host_copies(HOST), 0, "a copy holding contents stays")
+        devrt.wake("cache", HOST)
+        self.assertEqual(ctypes.string_at(p, 4), b"\x5a" * 4)
+        self.assertEqual(devrt.release_host_copies(HOST), kept)
+        self.assertEqual(devrt.stats(HOST)["host_cached_bytes"], 0)
+        with self.assertRaises(devrt.DevrtError) as e:
+            devrt.release_host_copies(7)
+        self.assertEqual(e.exception.name, "DEVRT_ERROR_INVALID_DEVICE")
         devrt.free(p, HOST)
 
     def test_the_status_names(self):

@@ -319,6 +319,7 @@ TEST(InspectLayout, H200SubSlices) {
   EXPECT_TRUE(contains(o.out, "0     exclusive  -           0 B              -    -       0 B\n")) << o.out;
   EXPECT_TRUE(contains(o.out, "(4.37 GiB, 6.99 GiB], (8.74 GiB, 34.95 GiB]\n")) << o.out;
   EXPECT_TRUE(contains(o.out, "above    requests above 34.95 GiB are refused")) << o.out;
+  EXPECT_TRUE(contains(o.out, "tagged requests (devrt_set_tag, tag_scope) go to an arena of the tag's own")) << o.out;
   EXPECT_FALSE(contains(o.out, "warning")) << o.out;
 
   const run_output bytes = run({"--device", "sim", "--h200", "--layout", "sub-slices", "--bytes"});
@@ -337,6 +338,7 @@ TEST(InspectLayout, SimProperties) {
                             "--layout", "sliced:page=1000,slice=100,cap=4MiB,period=10;exclusive:max=8MiB"});
   ASSERT_EQ(o.code, 0) << o.err;
   EXPECT_TRUE(contains(o.out, "sim (sim): pages up to 64 MiB, alignment 4 KiB, capacity 1 GiB")) << o.out;
+  EXPECT_TRUE(contains(o.out, "tags only label requests here: the device cannot map memory")) << o.out;
   // Sizes are rounded up to the alignment; the cap stays as written and holds whole pages.
   EXPECT_TRUE(contains(o.out, "0     sliced     4 KiB  4 KiB            4 MiB (1024 pages)  10      [0 B, 4 KiB]\n"))
       << o.out;

@@ -133,11 +133,13 @@ typedef struct devrt_stats {
   uint64_t offloaded_bytes; /* host memory holding the contents devrt_sleep kept */
   uint64_t sleeps;          /* devrt_sleep calls that put a tag to sleep */
   uint64_t wakes;           /* devrt_wake calls that woke a tag */
+  /* Version 3: the pinned host memory devrt keeps after a wake for the next sleep's copy. */
+  uint64_t host_cached_bytes; /* freed by devrt_release_host_copies */
 } devrt_stats;
 
 /* The version of devrt_stats this header describes. devrt_get_stats_v fills the fields of the
  * version it is given and no more, so a program built against an older header keeps working. */
-#define DEVRT_STATS_VERSION 2
+#define DEVRT_STATS_VERSION 3
 
 /* Fills `options` with the defaults (CUDA on, layouts "auto", no host cap, environment read). */
 DEVRT_C_EXPORT void devrt_options_default(devrt_options* options);
@@ -246,6 +248,12 @@ DEVRT_C_EXPORT int devrt_sleep(int device, const char* tag, int keep_contents);
  * tag stays asleep and its kept copy is not lost; free memory and call again), INVALID_VALUE,
  * INVALID_DEVICE, DEVICE, NOT_INITIALIZED. */
 DEVRT_C_EXPORT int devrt_wake(int device, const char* tag);
+/* Pinned host memory outlives a wake: the next devrt_sleep with kept contents copies into it
+ * instead of pinning anew, which costs far more than the copy (host_cached_bytes in devrt_stats).
+ * This frees it and writes the bytes freed to `*released` (when not NULL); copies that hold a
+ * sleeping tag's contents stay. On CUDA, freeing pinned memory may wait for the device's queued
+ * work. Errors: INVALID_DEVICE, NOT_INITIALIZED. */
+DEVRT_C_EXPORT int devrt_release_host_copies(int device, uint64_t* released);
 
 /* ---- Memory snapshots and metrics ----
  * Text and bytes come back through a caller's buffer: `*length` always gets the bytes the answer

@@ -386,6 +386,16 @@ class compute_client {
     return async_run_raw<void>([t = *id](actor_core& c, auto finish) { c.wake_tag(t, std::move(finish)); },
                                std::forward<Token>(token));
   }
+  /// Frees the pinned host memory kept after wakes for later sleeps' copies (statistics:
+  /// bytes_host_cached; pinning costs far more than the copy, so it is kept until this call or the
+  /// device's end). Copies holding a sleeping tag's contents stay. Completes with the bytes freed.
+  /// On CUDA, cudaFreeHost may wait for the device's queued work.
+  template <class Token = default_token>
+  auto release_host_copies(Token&& token = {}) const {
+    return async_run<std::uint64_t>(
+        [](actor_core& c) -> result<std::uint64_t> { return c.manager().release_host_copies(); },
+        std::forward<Token>(token));
+  }
   /// What every tag used on this device holds (state, bytes in use, reserved, sleeping, offloaded).
   template <class Token = default_token>
   auto tags(Token&& token = {}) const {
