@@ -241,6 +241,13 @@ std::string layout_text_block(const device_entry& d, const memory::memory_layout
   notes.emplace_back(
       "persistent requests (persistent mode, persistent scopes, capture windows) go to the persistent pool, which "
       "takes any size");
+  if (d.props.map_granularity != 0) {
+    notes.emplace_back(
+        "tagged requests (devrt_set_tag, tag_scope) go to an arena of the tag's own, with the first arena's settings "
+        "of the layout (else the arena preset's), so that the tag can sleep and wake (devrt_sleep, devrt_wake)");
+  } else {
+    notes.emplace_back("tags only label requests here: the device cannot map memory, so no tag can sleep");
+  }
   for (std::size_t i = 0; i < notes.size(); ++i)
     out += fmt::format("{}{}\n", i == 0 ? "notes    " : "         ", notes[i]);
   for (const auto& w : warnings) out += fmt::format("warning  {}\n", w);
