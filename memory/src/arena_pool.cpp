@@ -310,8 +310,8 @@ result<detail::descriptor*> arena_pool::alloc(pool_context& ctx, std::uint64_t s
   for (bool harvested = false;; harvested = true) {
     std::uint32_t found = best_fit(extent, ctx.reserve_tag);
     if (found == npos) {
-      // Tagged memory of other streams may be free for all by now.
-      if (!harvested && tagged_ > 0 && harvest(ctx, true)) continue;
+      // Memory freed on other streams may be free for all by now.
+      if (!harvested && reuse_fenced(ctx)) continue;
       error e = error::make(errc::pool_capacity_exceeded, "no hole in the arena's address range is large enough");
       e.size = size;
       e.limit = space_;
@@ -329,9 +329,9 @@ result<detail::descriptor*> arena_pool::alloc(pool_context& ctx, std::uint64_t s
     const slice_node& s = slots_[found];
     // Every granule mapped (the steady state): take() counts the slice on its mappings.
     if (missing == 0) return take(ctx, found, extent, size);
-    // New memory would be mapped: first let memory freed on other streams join the free space if
-    // their fences have passed (no wait), and look again.
-    if (!harvested && tagged_ > 0 && harvest(ctx, true)) continue;
+    // New memory would be mapped: first let memory freed on any stream join the free space if
+    // its fence has passed (queried, never waited for), and look again.
+    if (!harvested && reuse_fenced(ctx)) continue;
     // Free mappings under the slice leave the free list: they are about to be used, and must not
     // be the ones unmapped to make room.
     for (std::uint64_t g = first; g <= last;) {
@@ -726,6 +726,11 @@ void arena_pool::untag(pool_context& ctx, std::uint32_t slot) {
   s.epoch = 0;
   merge_into_index(slot);
   (void)ctx;
+}
+
+bool arena_pool::reuse_fenced(pool_context& ctx) {
+  if (ctx.reuse_streams != nullptr) return ctx.reuse_streams(ctx.reuse_owner);
+  return tagged_ > 0 && harvest(ctx, true);
 }
 
 std::uint64_t arena_pool::tagged_bytes() const noexcept {

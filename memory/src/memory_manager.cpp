@@ -49,6 +49,8 @@ memory_manager::memory_manager(storage store, manager_options opts)
       ctx_{store_, stats_, queue_, 0, &order_, streams::none},
       persistent_(store_.alignment()) {
   ctx_.history = &history_;
+  ctx_.reuse_streams = [](void* self) { return static_cast<memory_manager*>(self)->reuse_fenced(); };
+  ctx_.reuse_owner = this;
   layout_ = resolve_or_throw(opts_.layout, props_);
   build_pools(layout_);
   mode_ = opts_.mode.value_or(opts_.policy == persistent_policy::enforced ? allocation_mode::persistent
@@ -339,7 +341,7 @@ void memory_manager::release_to_pool(detail::descriptor* d, std::uint64_t tag) {
   }
 }
 
-void memory_manager::harvest() {
+void memory_manager::harvest(bool complete_owed) {
   order_.release_ready([this](detail::descriptor* d) {
     const std::uint64_t bytes = d->bytes.load(std::memory_order_relaxed);
     stats_.bytes_in_use += bytes;  // the pool's release takes it off again
@@ -355,13 +357,24 @@ void memory_manager::harvest() {
     if (auto* a = std::get_if<std::unique_ptr<arena_pool>>(&p)) freed = (*a)->harvest(ctx_, false) || freed;
   });
   order_.collect();
-  if (cleanup_owed_ && !capture_) {
+  if (complete_owed && cleanup_owed_ && !capture_) {
     // What an explicit cleanup could not give back because streams still used it.
     persistent_.cleanup(ctx_, true);
     for_each_pool([&](dynamic_pool& pool) { visit_pool(pool, [&](auto& x) { x.cleanup(ctx_, true); }); });
     cleanup_owed_ = order_.reclaimable();
   }
   (void)freed;
+}
+
+bool memory_manager::reuse_fenced() {
+  if (!order_.ordered() || !order_.pending() || capture_) return false;
+  order_.want_fences();
+  (void)order_.fence();  // a failed record leaves the frees unfenced, to be fenced later
+  // Memory is wanted: the frees made from here on are fenced at the end of the batch too.
+  order_.want_fences();
+  if (!order_.poll() && !order_.advanced()) return false;
+  harvest(false);
+  return true;
 }
 
 void memory_manager::publish(detail::descriptor* d, std::uint64_t size, stream_id q, stream_state* reg, tag_id tag) {

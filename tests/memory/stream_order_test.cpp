@@ -103,8 +103,10 @@ TEST(StreamOrder, TheSameStreamReusesAtOnceAnotherWaitsForTheFence) {
   EXPECT_EQ(f.offset(a1), at) << "stream A may: its own later work runs after the old";
   a1.reset();
   b1.reset();
-  f.end_batch();  // B needed new memory while A's was tagged: A and B are fenced now
-  EXPECT_EQ(f.m->order().fences(), 2u);
+  // B needed new memory while A's was tagged: A was fenced then (the first fence), and memory
+  // being wanted, the batch's end fences A and B again for the frees since.
+  f.end_batch();
+  EXPECT_EQ(f.m->order().fences(), 3u);
   auto b2 = f.reserve(mib, stream_b);
   EXPECT_NE(f.offset(b2), at) << "the fence on A has not passed";
   b2.reset();
@@ -112,6 +114,59 @@ TEST(StreamOrder, TheSameStreamReusesAtOnceAnotherWaitsForTheFence) {
   f.end_batch();
   auto c = f.reserve(mib, stream_c);
   EXPECT_EQ(f.offset(c), at) << "after A's fence, the memory is free for every stream";
+  EXPECT_EQ(f.m->check_invariants(), "");
+}
+
+// Cross-stream reuse before mapping: a reserve that would map new memory first fences the streams
+// with unfenced frees and queries the fences in flight (it never waits), so memory another stream
+// freed comes to it as soon as that stream's work has passed, with no batch end in between; memory
+// still busy never does.
+TEST(StreamOrder, AReserveThatWouldMapTakesMemoryOtherStreamsFreedOnceTheirWorkPassed) {
+  fixture f;
+  auto keep_b = f.reserve(4096, stream_b);
+  auto keep_c = f.reserve(4096, stream_c);
+  auto h = f.reserve(4 * mib, stream_a);
+  const storage_handle at = f.at(h);
+  const event use = f.sim->record_event(stream_a).value();  // a kernel on A uses h
+  h.reset();
+  f.m->process_releases();
+  const std::uint64_t maps = f.m->statistics().maps;
+  const std::uint64_t reserved = f.m->statistics().bytes_reserved;
+
+  auto b = f.reserve(4 * mib, stream_b);  // A's work is still queued: B maps new memory
+  EXPECT_FALSE(overlap(f.at(b), at) && !f.sim->has_passed(use)) << "B got memory A's queued work still uses";
+  EXPECT_GT(f.m->statistics().maps, maps);
+  EXPECT_EQ(f.sim->waits(), 0u) << "nothing waited for the device";
+
+  f.sim->progress_stream(stream_a);  // A's work is done; no batch end follows
+  const std::uint64_t maps_before_c = f.m->statistics().maps;
+  auto c = f.reserve(4 * mib, stream_c);
+  EXPECT_TRUE(overlap(f.at(c), at)) << "C takes the memory A freed once A's work passed";
+  EXPECT_EQ(f.m->statistics().maps, maps_before_c) << "and maps nothing";
+  EXPECT_EQ(f.sim->waits(), 0u);
+  EXPECT_GE(f.m->statistics().bytes_reserved, reserved);
+  EXPECT_EQ(f.m->check_invariants(), "");
+}
+
+// The same for memory held after record_stream: its other stream's fence is queried at the miss.
+TEST(StreamOrder, MemoryHeldForARecordedStreamServesAnyStreamOnceThatStreamPassed) {
+  fixture f;
+  auto keep_b = f.reserve(4096, stream_b);
+  auto keep_c = f.reserve(4096, stream_c);
+  auto h = f.reserve(4 * mib, stream_a);
+  const storage_handle at = f.at(h);
+  ASSERT_TRUE(f.m->record_stream(h.binding(), stream_b));
+  const event use = f.sim->record_event(stream_b).value();  // a kernel on B uses h
+  h.reset();
+  f.m->process_releases();
+  auto a = f.reserve(4 * mib, stream_a);
+  EXPECT_FALSE(overlap(f.at(a), at) && !f.sim->has_passed(use)) << "A got memory B's queued work still uses";
+  f.sim->progress();
+  const std::uint64_t maps = f.m->statistics().maps;
+  auto c = f.reserve(4 * mib, stream_c);
+  EXPECT_TRUE(overlap(f.at(c), at)) << "C takes the memory once A's and B's work passed";
+  EXPECT_EQ(f.m->statistics().maps, maps);
+  EXPECT_EQ(f.sim->waits(), 0u);
   EXPECT_EQ(f.m->check_invariants(), "");
 }
 

@@ -83,6 +83,9 @@ class arena_pool {
   /// Frees for every stream the tagged slices whose fences have passed (polls the fences first
   /// when `poll`). True when any slice changed.
   bool harvest(pool_context& ctx, bool poll);
+  /// Before mapping: memory freed on any stream whose fence has passed joins the free space
+  /// (through the context's reuse_streams, else the pool's own harvest). True when it did.
+  bool reuse_fenced(pool_context& ctx);
   /// Free slices kept for one stream, and their bytes.
   [[nodiscard]] std::size_t tagged_slices() const noexcept { return tagged_; }
   /// (A walk over the tagged slices: for configure and reports, not the reserve path.)

@@ -310,8 +310,12 @@ class memory_manager {
   /// Gives a slice back to its pool (the last step of a free).
   void release_to_pool(detail::descriptor* d, stream_id tag);
   /// Frees what the fences that passed allow: held slices, and tagged arena slices; forgets the
-  /// streams that are idle; and completes an owed cleanup.
-  void harvest();
+  /// streams that are idle; and completes an owed cleanup (unless `complete_owed` is false: a
+  /// pool is in the middle of a reserve).
+  void harvest(bool complete_owed = true);
+  /// The pools' reuse_streams (pool_context.hpp): before a pool maps memory, fences the streams
+  /// with unfenced frees, polls the fences in flight and harvests what passed. Never waits.
+  bool reuse_fenced();
   /// Publishes a new handle's address and stream (its registration with the reference the reserve
   /// took for it).
   void publish(detail::descriptor* d, std::uint64_t size, stream_id q, stream_state* reg, tag_id tag);

@@ -29,6 +29,12 @@ struct pool_context {
   /// hand it memory freed on that stream whose fence has not passed (0: only memory free for every
   /// stream).
   std::uint64_t reserve_tag = 0;
+  /// Called by a pool before it maps memory for a reserve: fences the streams with frees not yet
+  /// fenced, queries the fences in flight (never waits) and returns to every stream the memory
+  /// whose fences passed, held frees included. True when something came back. Null: the pool
+  /// harvests its own stream-tagged memory only. A plain function, so the call allocates nothing.
+  bool (*reuse_streams)(void* owner) = nullptr;
+  void* reuse_owner = nullptr;
   /// The caller's descriptor that the next slice placed gets instead of a fresh one (see
   /// memory_manager::reserve_into); consumed by attach_new.
   detail::descriptor* into = nullptr;
