@@ -192,6 +192,14 @@ std::uint64_t arena_pool::budget_granules(std::uint64_t size, std::uint64_t per_
   return (live / 1000 * per_mille + live % 1000 * per_mille / 1000) / granule_;
 }
 
+std::uint64_t arena_pool::limit_granules(const pool_context& ctx) const {
+  if (ctx.limit == 0) return no_limit;
+  const std::uint64_t held = ctx.held();
+  const std::uint64_t own = mapped_ * granule_;
+  const std::uint64_t others = held > own ? held - own : 0;
+  return ctx.limit > others ? (ctx.limit - others) / granule_ : 0;
+}
+
 std::uint64_t arena_pool::grow_unit() const noexcept {
   std::uint64_t unit = 1;
   while (2 * unit <= grow_ && 2 * unit * grow_share <= mapped_) unit *= 2;
@@ -353,11 +361,19 @@ result<detail::descriptor*> arena_pool::alloc(pool_context& ctx, std::uint64_t s
       bool shared_tail = (granule_shift_ != 0 ? slice_end & (granule_ - 1) : slice_end % granule_) != 0;
       std::uint64_t map_last = last;
       std::uint64_t cut = chunk_;
+      // Under a memory limit, free mappings give way first (largest first) so that the new ones
+      // fit; what the other pools hold counts too.
+      const std::uint64_t cap = limit_granules(ctx);
+      if (cap != no_limit) evict_to(ctx, cap > missing ? cap - missing : 0);
       if (grow_ == 0) {
         evict(ctx, missing);
         settle_unmaps(ctx);
       } else {
-        const std::uint64_t budget = budget_granules(size, budget_per_mille);
+        // Far from the device's budget, free memory stays mapped up to a looser share of the
+        // peak of live bytes and the arena grows in its largest unit: fewer maps, and no unmap
+        // that a later map undoes. Near it, the tight shares.
+        const bool roomy = ctx.roomy((missing + grow_) * granule_);
+        const std::uint64_t budget = budget_granules(size, roomy ? roomy_per_mille : budget_per_mille);
         evict_to(ctx, budget > missing ? budget - missing : 0);
         settle_unmaps(ctx);
         if (found == tail_) {
@@ -365,9 +381,18 @@ result<detail::descriptor*> arena_pool::alloc(pool_context& ctx, std::uint64_t s
           // mapped, over granules never mapped, within a tighter budget: memory mapped ahead that
           // small long-lived slices pin later cannot be unmapped, so it must not use the headroom
           // that mappings elsewhere need.
-          const std::uint64_t unit = grow_unit();
-          const std::uint64_t ahead = budget_granules(size, ahead_per_mille);
-          const std::uint64_t room = ahead > mapped_ + missing ? ahead - mapped_ - missing : 0;
+          // Far from the budget, mappings of up to `grow`, but at most an eighth of the headroom
+          // left: a large mapping that a small live slice pins later keeps its free part mapped,
+          // and near the budget that memory is wanted.
+          const std::uint64_t headroom = roomy ? (ctx.budget - std::min(ctx.budget, ctx.held())) / granule_ / 8 : 0;
+          std::uint64_t unit = roomy ? grow_ : grow_unit();
+          if (roomy) {
+            while (unit > 1 && unit > headroom) unit /= 2;
+          }
+          const std::uint64_t ahead = budget_granules(size, roomy ? roomy_ahead_per_mille : ahead_per_mille);
+          std::uint64_t room = ahead > mapped_ + missing ? ahead - mapped_ - missing : 0;
+          if (roomy) room = std::min({room, std::max<std::uint64_t>(1, roomy_ahead_bytes / granule_), headroom});
+          if (cap != no_limit) room = std::min(room, cap > mapped_ + missing ? cap - mapped_ - missing : 0);
           const std::uint64_t end = std::min(
               {(last / unit + 1) * unit, last + 1 + room, granule_of(s.offset + s.extent - 1) + 1, space_ / granule_});
           cover_granules(end);

@@ -61,6 +61,14 @@ std::string error::message() const {
           "bytes in use{}; free memory and retry, or raise the cap (a sliced pool's cap, an arena's space)",
           size, limit, in_use, detail[0] != '\0' ? fmt::format(" [{}]", detail) : std::string());
     case errc::out_of_memory:
+      if (text == "memory limit") {
+        return fmt::format(
+                   "out of memory under devrt's memory limit: {} bytes more would take the memory the device "
+                   "holds for devrt ({} bytes) past the limit of {} bytes; free memory or raise the limit",
+                   size, in_use, limit) +
+               fmt::format("{}{}", context.empty() ? "" : "\n",
+                           std::string_view(context).substr(0, context.size() - (context.ends_with('\n') ? 1 : 0)));
+      }
       return fmt::format(
                  "out of device memory: the device refused {} bytes{} ({} bytes held by devrt, device "
                  "capacity {}); free memory, run an explicit cleanup and retry",

@@ -51,6 +51,8 @@ memory_manager::memory_manager(storage store, manager_options opts)
   ctx_.history = &history_;
   ctx_.reuse_streams = [](void* self) { return static_cast<memory_manager*>(self)->reuse_fenced(); };
   ctx_.reuse_owner = this;
+  ctx_.limit = opts_.memory_limit;
+  ctx_.budget = opts_.memory_limit != 0 ? opts_.memory_limit : props_.capacity;
   layout_ = resolve_or_throw(opts_.layout, props_);
   build_pools(layout_);
   mode_ = opts_.mode.value_or(opts_.policy == persistent_policy::enforced ? allocation_mode::persistent
@@ -230,9 +232,10 @@ void memory_manager::explain_out_of_memory(error& e, std::uint64_t size, stream_
   const std::uint64_t awake_in_use = st.bytes_in_use - std::min(st.bytes_in_use, asleep_in_use);
   std::string out =
       fmt::format("request: {} ({} bytes) on {}, {}\n", format_bytes(size), size, opts_.name, stream_name(q));
-  out += fmt::format("device: capacity {}, free {}\n",
+  out += fmt::format("device: capacity {}, free {}{}\n",
                      props_.capacity != 0 ? format_bytes(props_.capacity) : std::string("unknown"),
-                     device_free ? format_bytes(*device_free) : std::string("unknown"));
+                     device_free ? format_bytes(*device_free) : std::string("unknown"),
+                     ctx_.limit != 0 ? fmt::format(", devrt's memory limit {}", format_bytes(ctx_.limit)) : std::string());
   out += fmt::format(
       "devrt: reserved {}, in use {} in {} allocations{}, returning {}, held for streams {}, free in its pools {} "
       "(largest free block {})\n",
@@ -251,7 +254,12 @@ void memory_manager::explain_out_of_memory(error& e, std::uint64_t size, stream_
     }
   }
   // What to do, by the cause the figures show.
-  if (free_in_pools >= size && largest_free < size) {
+  if (ctx_.limit != 0 && e.text == "memory limit") {
+    out += fmt::format(
+        "hint: the memory limit ({}) is reached, not the device's memory: raise it (devrt_set_memory_limit, "
+        "DEVRT_MEMORY_LIMIT) or free memory; devrt holds {} with what is on its way back\n",
+        format_bytes(ctx_.limit), format_bytes(st.bytes_reserved + st.bytes_returning));
+  } else if (free_in_pools >= size && largest_free < size) {
     out += fmt::format(
         "hint: fragmentation, not the live size: {} are free in devrt's pools, but no free block is as large as "
         "the request; an arena layout (the default where the device maps memory) places allocations without "
@@ -757,6 +765,15 @@ result<void> memory_manager::cleanup(bool explicit_cleanup) {
     });
   });
   if (explicit_cleanup) return flush();
+  return {};
+}
+
+result<void> memory_manager::set_memory_limit(std::uint64_t bytes) {
+  process_releases();
+  ctx_.limit = bytes;
+  ctx_.budget = bytes != 0 ? bytes : props_.capacity;
+  opts_.memory_limit = bytes;
+  if (bytes != 0 && ctx_.held() > bytes) return cleanup(true);
   return {};
 }
 

@@ -36,7 +36,7 @@ __all__ = [
     "HOST", "STREAM_LEGACY", "STREAM_PER_THREAD", "STREAM_DEVICE", "DevrtError", "DevrtOutOfMemoryError", "lib", "library_path",
     "init", "shutdown", "is_initialized", "device_count", "malloc", "free", "record_stream", "retire_stream",
     "allocation_size",
-    "stats", "reset_peak_stats", "empty_cache", "configure", "last_error",
+    "stats", "reset_peak_stats", "empty_cache", "configure", "last_error", "set_memory_limit", "get_memory_limit",
     "record_memory_history", "memory_snapshot", "merge_snapshots", "metrics_text",
     "set_tag", "get_tag", "tag", "sleep", "wake", "release_host_copies", "MAX_TAG_LENGTH",
 ]
@@ -182,6 +182,8 @@ def lib() -> ctypes.CDLL:
                 ("devrt_sleep", i, [i, ctypes.c_char_p, i]),
                 ("devrt_wake", i, [i, ctypes.c_char_p]),
                 ("devrt_release_host_copies", i, [i, ctypes.POINTER(ctypes.c_uint64)]),
+                ("devrt_set_memory_limit", i, [i, ctypes.c_uint64]),
+                ("devrt_get_memory_limit", i, [i, ctypes.POINTER(ctypes.c_uint64)]),
                 ("devrt_reset_peak_stats", i, [i]),
                 ("devrt_empty_cache", i, [i]),
                 ("devrt_configure", i, [i, ctypes.c_char_p]),
@@ -301,6 +303,24 @@ def reset_peak_stats(device: int = HOST) -> None:
 def empty_cache(device: int = HOST) -> None:
     """Returns the device's unused memory to the driver."""
     _check(lib().devrt_empty_cache(device))
+
+
+def set_memory_limit(device: int, limit: int) -> None:
+    """The most ``device`` may hold for devrt, in bytes (0: no limit but the device's own), as
+    ``torch.cuda.set_per_process_memory_fraction`` and cudaMallocAsync's release threshold:
+    allocations past it raise ``DevrtOutOfMemoryError``; below what the device holds, its free
+    memory goes back at once. At start, ``DEVRT_MEMORY_LIMIT`` (40GiB, 0.8, 80%) sets it on every
+    device. ``devrt.torch.set_per_process_memory_fraction`` takes a share of a GPU."""
+    if isinstance(limit, bool) or not isinstance(limit, int) or limit < 0:
+        raise ValueError(f"set_memory_limit: the limit is a number of bytes >= 0, not {limit!r}")
+    _check(lib().devrt_set_memory_limit(int(device), limit))
+
+
+def get_memory_limit(device: int = HOST) -> int:
+    """The device's memory limit in bytes (0: none)."""
+    n = ctypes.c_uint64(0)
+    _check(lib().devrt_get_memory_limit(int(device), ctypes.byref(n)))
+    return int(n.value)
 
 
 def configure(device: int, layout: str) -> None:

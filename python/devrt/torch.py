@@ -135,6 +135,18 @@ def _device(device) -> int:
     return int(device)
 
 
+def set_per_process_memory_fraction(fraction: float, device=None) -> None:
+    """As ``torch.cuda.set_per_process_memory_fraction``, for the memory devrt serves: devrt may
+    hold at most ``fraction`` (0 to 1) of the GPU's memory on ``device`` (None: the current one);
+    allocations past it raise the out-of-memory ``RuntimeError`` (see ``oom_errors``)."""
+    if isinstance(fraction, bool) or not isinstance(fraction, (int, float)) or not 0 <= fraction <= 1:
+        raise ValueError(f"set_per_process_memory_fraction: fraction is between 0 and 1, not {fraction!r}")
+    torch = _torch()
+    d = _device(device)
+    total = torch.cuda.get_device_properties(d).total_memory
+    _devrt.set_memory_limit(d, int(total * fraction) if fraction < 1 else 0)
+
+
 def memory_stats(device=None) -> Dict[str, int]:
     """The keys of ``torch.cuda.memory_stats()`` that devrt's statistics answer. Bytes "allocated"
     are the sizes requested (devrt does not round them up to blocks as PyTorch does); "reserved"

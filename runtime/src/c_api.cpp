@@ -685,6 +685,25 @@ int devrt_wake(int device, const char* tag) {
   return guarded("devrt_wake", [&] { return tag_call(device, tag, "devrt_wake", false, false); });
 }
 
+int devrt_set_memory_limit(int device, uint64_t bytes) {
+  return guarded("devrt_set_memory_limit", [&] {
+    return on_device(device, "devrt_set_memory_limit", [&](device_ctx& d) {
+      d.client.set_memory_limit(bytes).get();
+      return static_cast<int>(DEVRT_SUCCESS);
+    });
+  });
+}
+
+int devrt_get_memory_limit(int device, uint64_t* bytes) {
+  return guarded("devrt_get_memory_limit", [&] {
+    if (bytes == nullptr) return fail(DEVRT_ERROR_INVALID_VALUE, "devrt_get_memory_limit: the out-pointer is NULL");
+    return on_device(device, "devrt_get_memory_limit", [&](device_ctx& d) {
+      *bytes = d.client.memory_limit().get();
+      return static_cast<int>(DEVRT_SUCCESS);
+    });
+  });
+}
+
 int devrt_release_host_copies(int device, uint64_t* released) {
   return guarded("devrt_release_host_copies", [&] {
     return on_device(device, "devrt_release_host_copies", [&](device_ctx& d) {

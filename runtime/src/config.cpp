@@ -113,15 +113,49 @@ result<void> apply_config_text(runtime_config& cfg, std::string_view text, std::
       auto b = parse_switch(value);
       if (!b) return config_error(where, "serve_in_place is true or false (also 1, on, yes, 0, off, no)");
       cfg.serve_in_place = *b;
+    } else if (key == "memory_limit") {
+      auto m = parse_memory_limit(value);
+      if (!m) return config_error(where, "memory_limit is bytes (40GiB) or a share of the device (0.8, 80%), or none");
+      cfg.memory_limit = *m;
     } else if (key == "pools" || key == "layout") {
       return config_error(where,
                           "pool layouts are not read from config files; set them with configure() or a "
                           "tool's --layout option");
     } else {
-      return config_error(where, "unknown setting (known: persistent_memory, log_level, cuda_devices, serve_in_place)");
+      return config_error(
+          where, "unknown setting (known: persistent_memory, log_level, cuda_devices, serve_in_place, memory_limit)");
     }
   }
   return {};
+}
+
+result<memory_limit_spec> parse_memory_limit(std::string_view text) {
+  const std::string t(trim(text));
+  const auto bad = [&] {
+    error e = error::make(errc::malformed_config, "bad memory limit");
+    e.text = t;
+    return e;
+  };
+  if (t.empty()) return bad();
+  if (t == "none" || t == "0") return memory_limit_spec{};
+  if (t == "1") return memory_limit_spec{0, 1.0};  // the whole device, not one byte
+  const bool percent = t.back() == '%';
+  const bool fraction = percent || t.find('.') != std::string::npos;
+  if (fraction && (percent || t.find_first_not_of("0123456789.") == std::string::npos)) {
+    const std::string number = percent ? t.substr(0, t.size() - 1) : t;
+    if (number.empty() || number.find_first_not_of("0123456789.") != std::string::npos) return bad();
+    char* end = nullptr;
+    double v = std::strtod(number.c_str(), &end);
+    if (end == number.c_str() || *end != '\0') return bad();
+    if (percent) v /= 100.0;
+    if (!(v > 0.0) || v > 1.0) return bad();
+    memory_limit_spec m;
+    m.share = v;
+    return m;
+  }
+  auto bytes = memory::parse_size(t);
+  if (!bytes) return bad();
+  return memory_limit_spec{*bytes, 0};
 }
 
 result<void> apply_config_file(runtime_config& cfg, const std::string& path) {
@@ -168,6 +202,15 @@ result<runtime_config> load_config(const std::optional<std::string>& file, const
                           "CUDA_VISIBLE_DEVICES), or none");
     }
     cfg.cuda_devices = std::move(*d);
+  }
+  if (auto v = env("DEVRT_MEMORY_LIMIT")) {
+    auto m = parse_memory_limit(*v);
+    if (!m) {
+      return config_error(fmt::format("DEVRT_MEMORY_LIMIT={}", *v),
+                          "the memory limit is bytes (40GiB, 1073741824) or a share of each device (0.8, 80%), or "
+                          "none");
+    }
+    cfg.memory_limit = *m;
   }
   if (auto v = env("DEVRT_SERVE_IN_PLACE")) {
     auto b = parse_switch(*v);

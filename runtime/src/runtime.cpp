@@ -22,6 +22,7 @@ result<runtime_config> resolve_config(const runtime_options& opts) {
   if (opts.persistent_memory) cfg->persistent_memory = *opts.persistent_memory;
   if (opts.log) cfg->log = *opts.log;
   if (opts.serve_in_place) cfg->serve_in_place = *opts.serve_in_place;
+  if (opts.memory_limit) cfg->memory_limit = *opts.memory_limit;
   return cfg;
 }
 
@@ -118,6 +119,7 @@ std::shared_ptr<device_actor> runtime::make_actor(device_info info, memory::stor
   info.properties = store.properties();
   memory::manager_options opts{info.name, layout, config_.persistent_memory, std::nullopt};
   opts.reclaim_on_out_of_memory = true;  // one reclaim and one retry before a reserve fails
+  if (config_.memory_limit) opts.memory_limit = config_.memory_limit->on(info.properties.capacity);
   auto manager = std::make_unique<memory::memory_manager>(std::move(store), std::move(opts));
   if (history_on_.load()) manager->record_history(true, history_entries_.load());
   return std::make_shared<device_actor>(std::move(info), std::move(manager), completions_->get_executor(), log_,

@@ -354,6 +354,7 @@ TEST_F(CApi, ShutDownRefusesUntilInitAndInitRefusesWhileRunning) {
   EXPECT_EQ(devrt_get_stats(host, &s), DEVRT_ERROR_NOT_INITIALIZED);
   EXPECT_EQ(devrt_configure(host, "auto"), DEVRT_ERROR_NOT_INITIALIZED);
   EXPECT_EQ(devrt_release_host_copies(host, nullptr), DEVRT_ERROR_NOT_INITIALIZED);
+  EXPECT_EQ(devrt_set_memory_limit(host, 1), DEVRT_ERROR_NOT_INITIALIZED);
 
   o.host_layout = "sliced:page=0";
   EXPECT_EQ(devrt_init(&o), DEVRT_ERROR_INVALID_LAYOUT);
@@ -477,3 +478,27 @@ TEST(CApiStatus, EveryStatusHasAName) {
 }
 
 }  // namespace
+
+TEST_F(CApi, TheMemoryLimitRefusesAllocationsPastItAndZeroLiftsIt) {
+  std::uint64_t limit = 1;
+  ASSERT_EQ(devrt_get_memory_limit(host, &limit), DEVRT_SUCCESS) << last();
+  EXPECT_EQ(limit, 0u) << "no limit by default";
+  ASSERT_EQ(devrt_set_memory_limit(host, 48u << 20), DEVRT_SUCCESS) << last();
+  ASSERT_EQ(devrt_get_memory_limit(host, &limit), DEVRT_SUCCESS);
+  EXPECT_EQ(limit, 48u << 20);
+  void* a = nullptr;
+  ASSERT_EQ(devrt_malloc(&a, 32u << 20, host, nullptr), DEVRT_SUCCESS) << last();
+  const devrt_stats before = stats();
+  void* b = nullptr;
+  EXPECT_EQ(devrt_malloc(&b, 32u << 20, host, nullptr), DEVRT_ERROR_OUT_OF_MEMORY);
+  EXPECT_NE(last().find("memory limit"), std::string::npos) << last();
+  EXPECT_EQ(b, nullptr);
+  expect_same_memory(before, stats());
+  EXPECT_LE(stats().peak_reserved_bytes, 48u << 20);
+  EXPECT_EQ(devrt_set_memory_limit(7, 1), DEVRT_ERROR_INVALID_DEVICE);
+  EXPECT_EQ(devrt_get_memory_limit(host, nullptr), DEVRT_ERROR_INVALID_VALUE);
+  ASSERT_EQ(devrt_set_memory_limit(host, 0), DEVRT_SUCCESS);
+  ASSERT_EQ(devrt_malloc(&b, 32u << 20, host, nullptr), DEVRT_SUCCESS) << last();
+  EXPECT_EQ(devrt_free(a, host, nullptr), DEVRT_SUCCESS);
+  EXPECT_EQ(devrt_free(b, host, nullptr), DEVRT_SUCCESS);
+}

@@ -53,6 +53,23 @@ class HostDevice(unittest.TestCase):
     def tearDown(self):
         devrt.shutdown()
 
+    def test_the_memory_limit_refuses_past_it_and_zero_lifts_it(self):
+        self.assertEqual(devrt.get_memory_limit(HOST), 0)
+        devrt.set_memory_limit(HOST, 48 << 20)
+        self.assertEqual(devrt.get_memory_limit(HOST), 48 << 20)
+        p = devrt.malloc(32 << 20, HOST)
+        with self.assertRaises(devrt.DevrtOutOfMemoryError) as e:
+            devrt.malloc(32 << 20, HOST)
+        self.assertIn("memory limit", str(e.exception))
+        self.assertLessEqual(devrt.stats(HOST)["peak_reserved_bytes"], 48 << 20)
+        for bad in (-1, 1.5, "1GiB", True):
+            with self.assertRaises(ValueError):
+                devrt.set_memory_limit(HOST, bad)
+        devrt.set_memory_limit(HOST, 0)
+        q = devrt.malloc(32 << 20, HOST)
+        devrt.free(p, HOST)
+        devrt.free(q, HOST)
+
     def test_malloc_write_read_free_with_exact_statistics(self):
         before = devrt.stats(HOST)
         self.assertEqual(before["in_use_bytes"], 0)

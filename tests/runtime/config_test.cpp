@@ -352,3 +352,56 @@ TEST(ConfigRuntime, SizeMatchAndDisabledPolicies) {
 }
 
 }  // namespace
+
+TEST(ConfigLoad, TheMemoryLimitIsBytesOrAShareOfTheDeviceAndBadValuesAreRefused) {
+  using devrt::runtime::parse_memory_limit;
+  EXPECT_EQ(parse_memory_limit("40GiB").value().bytes, 40ULL << 30);
+  EXPECT_EQ(parse_memory_limit("1073741824").value().bytes, 1ULL << 30);
+  EXPECT_DOUBLE_EQ(parse_memory_limit("0.8").value().share, 0.8);
+  EXPECT_DOUBLE_EQ(parse_memory_limit(" 80% ").value().share, 0.8);
+  EXPECT_DOUBLE_EQ(parse_memory_limit("1").value().share, 1.0) << "1 is the whole device, not a byte";
+  EXPECT_EQ(parse_memory_limit("none").value().on(1000), 0u);
+  EXPECT_EQ(parse_memory_limit("0").value().on(1000), 0u);
+  EXPECT_EQ(parse_memory_limit("50%").value().on(1000), 500u);
+  EXPECT_EQ(parse_memory_limit("0.5").value().on(0), 0u) << "a share of a device of unknown size: no limit";
+  EXPECT_EQ(parse_memory_limit("2MiB").value().on(0), 2u << 20) << "bytes hold on every device";
+  for (const char* bad : {"", "1.5", "150%", "0%", "-1", "lots", "0.5GiB%", "%"}) {
+    auto r = parse_memory_limit(bad);
+    EXPECT_FALSE(r) << "'" << bad << "' was accepted";
+    if (!r) {
+      EXPECT_EQ(r.code(), errc::malformed_config);
+    }
+  }
+  auto env = load_config(std::nullopt, fake_env({{"DEVRT_MEMORY_LIMIT", "lots"}}));
+  ASSERT_FALSE(env);
+  EXPECT_TRUE(contains(env.err().message(), "DEVRT_MEMORY_LIMIT=lots")) << env.err().message();
+  EXPECT_TRUE(contains(env.err().message(), "0.8, 80%")) << env.err().message();
+  auto ok = load_config(std::nullopt, fake_env({{"DEVRT_MEMORY_LIMIT", "64MiB"}}));
+  ASSERT_TRUE(ok) << ok.err().message();
+  ASSERT_TRUE(ok->memory_limit);
+  EXPECT_EQ(ok->memory_limit->bytes, 64u << 20);
+  runtime_config cfg;
+  ASSERT_TRUE(apply_config_text(cfg, "memory_limit = 75%\n", "test.conf"));
+  ASSERT_TRUE(cfg.memory_limit);
+  EXPECT_DOUBLE_EQ(cfg.memory_limit->share, 0.75);
+  auto bad_line = apply_config_text(cfg, "memory_limit = plenty\n", "test.conf");
+  ASSERT_FALSE(bad_line);
+  EXPECT_TRUE(contains(bad_line.err().message(), "test.conf:1")) << bad_line.err().message();
+}
+
+TEST(ConfigLoad, TheMemoryLimitReachesEveryDeviceAndCanBeChangedThere) {
+  runtime_options o = quiet_options();
+  o.host_layout = preset::automatic;  // the arena: the limit counts what is mapped, not whole pages
+  o.memory_limit = devrt::runtime::memory_limit_spec{32ULL << 20, 0};
+  runtime rt(o);
+  auto c = rt.host();
+  EXPECT_EQ(c.memory_limit().get(), 32ULL << 20);
+  memory_handle a = c.reserve(20ULL << 20).get();
+  const auto f = devrt_test::failure_of(c.reserve(20ULL << 20));
+  EXPECT_EQ(devrt::runtime::to_errc(f.code), errc::out_of_memory) << f.what;
+  EXPECT_TRUE(contains(f.what, "memory limit")) << f.what;
+  c.set_memory_limit(0).get();
+  EXPECT_EQ(c.memory_limit().get(), 0u);
+  memory_handle b = c.reserve(20ULL << 20).get();
+  EXPECT_NE(b.ptr(), nullptr) << "no limit: served";
+}

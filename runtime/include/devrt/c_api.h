@@ -210,6 +210,18 @@ DEVRT_C_EXPORT int devrt_reset_peak_stats(int device);
 /* Returns the device's unused memory to the driver (an explicit cleanup). */
 DEVRT_C_EXPORT int devrt_empty_cache(int device);
 
+/* The most `device` may hold for devrt, in bytes (0: no limit but the device's own), as
+ * cudaMallocAsync's release threshold and PyTorch's set_per_process_memory_fraction: allocations
+ * that would pass it fail with OUT_OF_MEMORY, whose message names the limit. Below what the device
+ * holds now, its free memory goes back at once; live memory stays. Far from the limit (or, without
+ * one, from the device's capacity) devrt keeps free memory mapped and maps in larger units; near it,
+ * it trims to 1.04 times the peak of live bytes. At start: DEVRT_MEMORY_LIMIT (bytes such as 40GiB,
+ * or a share of each device such as 0.8 or 80%). Errors: INVALID_DEVICE, NOT_INITIALIZED. */
+DEVRT_C_EXPORT int devrt_set_memory_limit(int device, uint64_t bytes);
+/* The device's memory limit in bytes (0: none). Errors: INVALID_VALUE (bytes is NULL),
+ * INVALID_DEVICE, NOT_INITIALIZED. */
+DEVRT_C_EXPORT int devrt_get_memory_limit(int device, uint64_t* bytes);
+
 /* Replaces the device's pool layout (a layout string: "auto", "arena", "sliced:page=64MiB,slice=8MiB",
  * ...; see the README). A layout that does not parse or fit the device fails with INVALID_LAYOUT
  * at once; while memory of the current layout is live it fails with BUSY. Either way the current

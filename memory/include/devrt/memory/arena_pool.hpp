@@ -256,11 +256,22 @@ class arena_pool {
   /// (a power of two of granules within 1/grow_share of the memory mapped, up to `grow`).
   [[nodiscard]] std::uint64_t budget_granules(std::uint64_t size, std::uint64_t per_mille) const noexcept;
   [[nodiscard]] std::uint64_t grow_unit() const noexcept;
+  /// Granules this arena may have mapped under the device's memory limit (what the other pools
+  /// hold subtracted); no_limit without one.
+  [[nodiscard]] std::uint64_t limit_granules(const pool_context& ctx) const;
+  static constexpr std::uint64_t no_limit = ~std::uint64_t{0};
   // Measured on the six traces (BENCHMARKS.md): free memory stays mapped within 1.04 times the
   // peak of live bytes, mapping ahead stops at 1.01 times it, a mapping ahead is at most 1/32 of
-  // the memory mapped, and a run of fewer than 4 granules keeps its last granule.
+  // the memory mapped, and a run of fewer than 4 granules keeps its last granule. Far from the
+  // device's budget (pool_context::roomy), measured on the same traces and llama_serve and
+  // gpt2_train against the fastest peer's memory: within 1.15 times, ahead to 1.10 times but at
+  // most 128 MiB at once (a model's weights, loaded in a burst and never freed, must not leave a
+  // tenth of their size mapped for nothing), in mappings of up to `grow`.
   static constexpr std::uint64_t budget_per_mille = 1040;
   static constexpr std::uint64_t ahead_per_mille = 1010;
+  static constexpr std::uint64_t roomy_per_mille = 1150;
+  static constexpr std::uint64_t roomy_ahead_per_mille = 1100;
+  static constexpr std::uint64_t roomy_ahead_bytes = std::uint64_t{128} << 20;
   static constexpr std::uint64_t grow_share = 32;
   static constexpr std::uint64_t short_run = 4;
   /// Unmaps free mappings, largest first, until at most `limit` granules are mapped or none is free.

@@ -44,6 +44,12 @@ struct manager_options {
   /// under memory pressure, then an explicit cleanup) and retries once before it fails. The
   /// runtime's devices do; a bare manager reports the first refusal.
   bool reclaim_on_out_of_memory = false;
+  /// The most the device may hold for devrt (bytes; 0: no limit but the device's own), as
+  /// cudaMallocAsync's release threshold and PyTorch's per-process memory fraction: a reserve
+  /// that would pass it fails with out_of_memory. It is also the budget of the pools' policy
+  /// (the device's capacity without one): far from it an arena keeps free memory mapped and maps
+  /// in larger units, near it it trims to 1.04 times the peak of live bytes.
+  std::uint64_t memory_limit = 0;
 };
 
 /// What `configure` did.
@@ -149,6 +155,11 @@ class memory_manager {
   [[nodiscard]] bool cleanup_owed() const noexcept { return cleanup_owed_; }
   /// Pushes queued deallocations to the device.
   result<void> flush();
+  /// Sets the memory limit (manager_options::memory_limit; 0: none). Below what the device holds
+  /// now, free memory is given back at once (an explicit cleanup, which never waits); live memory
+  /// stays, and reserves fail until enough is freed.
+  result<void> set_memory_limit(std::uint64_t bytes);
+  [[nodiscard]] std::uint64_t memory_limit() const noexcept { return ctx_.limit; }
   /// After an out-of-memory error, before one retry (counted as a reclaim): waits for the streams'
   /// fences (memory pressure: a counted wait), then an explicit cleanup.
   result<void> reclaim();

@@ -35,6 +35,12 @@ struct pool_context {
   /// harvests its own stream-tagged memory only. A plain function, so the call allocates nothing.
   bool (*reuse_streams)(void* owner) = nullptr;
   void* reuse_owner = nullptr;
+  /// The device's memory limit (bytes; 0: none): a page or a mapping that would take what the
+  /// device holds for devrt (`held()`) past it is refused with out_of_memory.
+  std::uint64_t limit = 0;
+  /// What the pools' policy measures headroom against: the limit, else the device's capacity (0:
+  /// unknown, and the pools stay as tight as they can).
+  std::uint64_t budget = 0;
   /// The caller's descriptor that the next slice placed gets instead of a fresh one (see
   /// memory_manager::reserve_into); consumed by attach_new.
   detail::descriptor* into = nullptr;
@@ -77,8 +83,33 @@ struct pool_context {
     if ((old & detail::descriptor::queued_bit) != 0) ++detached_in_flight;
   }
 
+  /// What the device holds for devrt: the pools' memory and what is on its way back.
+  [[nodiscard]] std::uint64_t held() const { return stats.bytes_reserved + store.returning_bytes(); }
+  /// Whether `more` bytes fit under the limit (memory on its way back is let go first when the
+  /// device has nothing left to run).
+  bool within_limit(std::uint64_t more) {
+    if (limit == 0 || held() + more <= limit) return true;
+    push_unmaps();
+    return held() + more <= limit;
+  }
+  /// The refusal of `size` bytes at the limit.
+  [[nodiscard]] error over_limit(std::uint64_t size) const {
+    error e = error::make(errc::out_of_memory, "the device's memory limit would be passed");
+    e.size = size;
+    e.limit = limit;
+    e.in_use = held();
+    e.text = "memory limit";
+    return e;
+  }
+  /// Far from the budget: what the device holds, with `more` bytes, stays under half of it. The
+  /// pools then keep free memory mapped and map in larger units; nearer, they trim. Half, not
+  /// more: the free parts of large mappings that live slices pin stay mapped for good, and a
+  /// workload capped at 1.05 times its peak of live bytes needs them back by then.
+  [[nodiscard]] bool roomy(std::uint64_t more) const { return budget != 0 && held() + more <= budget / 2; }
+
   /// Allocates a page from the storage and counts it.
   result<storage_handle> alloc_page(std::uint64_t size) {
+    if (!within_limit(size)) return over_limit(size);
     auto r = store.alloc(size);
     if (r) {
       ++stats.driver_allocs;
@@ -99,6 +130,7 @@ struct pool_context {
   }
   /// Maps memory into an address range of the storage and counts it like a page.
   result<void> map_memory(storage_id range, std::uint64_t offset, std::uint64_t size) {
+    if (!within_limit(size)) return over_limit(size);
     auto r = store.map(range, offset, size);
     if (r) {
       ++stats.maps;

@@ -509,6 +509,22 @@ class compute_client {
         std::forward<Token>(token), placement::device_thread);
   }
 
+  /// Sets the most this device may hold for devrt (bytes; 0: no limit), as cudaMallocAsync's
+  /// release threshold and PyTorch's per-process memory fraction: reserves that would pass it
+  /// fail with out_of_memory. Below what the device holds now, free memory goes back at once;
+  /// live memory stays. It is also the budget of the pools' policy (memory_manager.hpp).
+  template <class Token = default_token>
+  auto set_memory_limit(std::uint64_t bytes, Token&& token = {}) const {
+    return async_run<void>([bytes](actor_core& c) { return c.manager().set_memory_limit(bytes); },
+                           std::forward<Token>(token));
+  }
+  /// The device's memory limit (0: none).
+  template <class Token = default_token>
+  auto memory_limit(Token&& token = {}) const {
+    return async_run<std::uint64_t>(
+        [](actor_core& c) { return result<std::uint64_t>(c.manager().memory_limit()); }, std::forward<Token>(token));
+  }
+
   /// Explicit cleanup: returns unused pages to the device and flushes.
   template <class Token = default_token>
   auto cleanup(Token&& token = {}) const {

@@ -5,8 +5,9 @@
 //     persistent_memory = size-match      # enabled | size-match | disabled | enforced
 //     log_level = basic                   # disabled | basic | full
 //     cuda_devices = 0,2                  # CUDA device indices to use, or none
+//     memory_limit = 0.8                  # per device: bytes (40GiB) or a share of it (0.8, 80%)
 // Environment (overrides the file): DEVRT_PERSISTENT_MEMORY, DEVRT_LOG_LEVEL, DEVRT_CUDA_DEVICES,
-// and DEVRT_CONFIG, the path of the file.
+// DEVRT_MEMORY_LIMIT, and DEVRT_CONFIG, the path of the file.
 #pragma once
 
 #include <functional>
@@ -31,6 +32,21 @@ const char* to_string(log_level l) noexcept;
 /// the empty list. Error malformed_config quoting the text.
 result<std::vector<int>> parse_device_list(std::string_view text);
 
+/// The most a device may hold for devrt (memory::manager_options::memory_limit): a number of bytes,
+/// or a share of the device's capacity.
+struct memory_limit_spec {
+  std::uint64_t bytes = 0;  ///< when share is 0
+  double share = 0;         ///< in (0, 1]: of the device's capacity (devices of unknown capacity: no limit)
+  /// The limit on a device of `capacity` bytes (0: none).
+  [[nodiscard]] std::uint64_t on(std::uint64_t capacity) const noexcept {
+    if (share <= 0) return bytes;
+    return static_cast<std::uint64_t>(static_cast<double>(capacity) * share);
+  }
+};
+/// "40GiB", "1073741824" (bytes), "0.8" or "80%" (a share of the device, above 0, at most 1),
+/// "0" or "none" (no limit). Error malformed_config quoting the text.
+result<memory_limit_spec> parse_memory_limit(std::string_view text);
+
 struct runtime_config {
   memory::persistent_policy persistent_memory = memory::persistent_policy::enabled;
   log_level log = log_level::disabled;
@@ -39,6 +55,8 @@ struct runtime_config {
   /// A request that finds its device's actor idle runs on the calling thread, so that nothing is
   /// woken (device_actor::run_or_post); false sends every request to the device thread.
   bool serve_in_place = true;
+  /// Every device's memory limit (none by default: the pools' budget is then the device's capacity).
+  std::optional<memory_limit_spec> memory_limit;
 };
 
 /// Reads a switch: 1, true, on, yes or 0, false, off, no (any case). Error malformed_config.

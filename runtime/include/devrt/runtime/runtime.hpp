@@ -69,6 +69,10 @@ struct runtime_options {
   std::optional<log_level> log;
   /// Overrides the configuration's serve_in_place (config.hpp; DEVRT_SERVE_IN_PLACE).
   std::optional<bool> serve_in_place;
+  /// Overrides the configuration's memory limit (config.hpp; DEVRT_MEMORY_LIMIT): the most each
+  /// device may hold for devrt, in bytes or as a share of the device. Later changes, per device:
+  /// compute_client::set_memory_limit.
+  std::optional<memory_limit_spec> memory_limit;
   /// Threads that run completion handlers without an executor of their own. The pool is shared by
   /// every runtime of the process; the first runtime created sizes it.
   std::size_t completion_threads = 2;

@@ -1,0 +1,147 @@
+// The memory limit and the budget policy of the arena: a reserve that would take what the device
+// holds past the limit fails with out_of_memory that names the limit, and nothing is lost; a
+// lower limit gives free memory back at once; far from the budget (the limit, else the device's
+// capacity) the arena keeps free memory mapped and maps ahead in larger units (fewer maps, no
+// unmaps), near it it trims as tightly as before, and a workload capped just above its peak of
+// live bytes completes within the cap.
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <random>
+#include <vector>
+
+#include "devrt/devices/sim_storage.hpp"
+#include "devrt/memory/memory_manager.hpp"
+
+using namespace devrt;
+using namespace devrt::memory;
+
+namespace {
+
+constexpr std::uint64_t mib = 1ULL << 20;
+constexpr std::uint64_t gib = 1ULL << 30;
+
+std::unique_ptr<memory_manager> manager(std::uint64_t capacity, std::uint64_t limit) {
+  devices::sim_options o;
+  o.props.map_granularity = 2 * mib;
+  o.props.capacity = capacity;
+  manager_options opts;
+  opts.name = "sim";
+  opts.reclaim_on_out_of_memory = true;
+  opts.memory_limit = limit;
+  return std::make_unique<memory_manager>(storage::make<devices::sim_storage>(o), opts);
+}
+
+struct outcome {
+  std::uint64_t maps = 0;
+  std::uint64_t unmaps = 0;
+  std::uint64_t peak_reserved = 0;
+  std::uint64_t peak_live = 0;
+  std::uint64_t failures = 0;
+};
+
+// A training-like loop: each step allocates activations of mixed sizes, frees most of them in
+// another order, and keeps a few (a growing set of long-lived tensors), so that holes open and
+// close.
+outcome run_workload(memory_manager& m) {
+  std::mt19937_64 rng(7);
+  std::vector<memory_handle> kept;
+  for (int step = 0; step < 40; ++step) {
+    std::vector<memory_handle> acts;
+    for (int i = 0; i < 24; ++i) {
+      const std::uint64_t size = (1 + rng() % 48) * mib + rng() % 4096;
+      auto r = m.reserve(size);
+      if (!r) {
+        EXPECT_EQ(r.code(), errc::out_of_memory) << r.err().message();
+        continue;
+      }
+      acts.push_back(std::move(*r));
+    }
+    std::shuffle(acts.begin(), acts.end(), rng);
+    if (step % 4 == 0 && !acts.empty()) {
+      kept.push_back(std::move(acts.back()));
+      acts.pop_back();
+    }
+    acts.clear();
+  }
+  const memory_statistics& st = m.statistics();
+  outcome o;
+  o.maps = st.maps;
+  o.unmaps = st.unmaps;
+  o.peak_reserved = st.peak_bytes_reserved;
+  o.peak_live = st.peak_bytes_in_use;
+  o.failures = st.failed_reserves;
+  EXPECT_EQ(m.check_invariants(), "");
+  return o;
+}
+
+}  // namespace
+
+TEST(MemoryLimit, AReservePastTheLimitFailsNamingItAndNothingIsLost) {
+  auto m = manager(0, 64 * mib);
+  EXPECT_EQ(m->memory_limit(), 64 * mib);
+  auto a = m->reserve(40 * mib).value();
+  auto refused = m->reserve(30 * mib);
+  ASSERT_FALSE(refused);
+  EXPECT_EQ(refused.code(), errc::out_of_memory);
+  const std::string text = refused.err().message();
+  EXPECT_NE(text.find("memory limit"), std::string::npos) << text;
+  EXPECT_NE(text.find("hint: the memory limit (64.00 MiB) is reached"), std::string::npos) << text;
+  EXPECT_EQ(m->check_invariants(), "");
+  EXPECT_LE(m->statistics().peak_bytes_reserved, 64 * mib);
+  EXPECT_EQ(m->usage().number_allocs, 1u) << "the refused reserve left nothing behind";
+  a.reset();
+  auto b = m->reserve(30 * mib);
+  ASSERT_TRUE(b) << "with the first freed, the second fits: " << b.err().message();
+  EXPECT_LE(m->statistics().peak_bytes_reserved, 64 * mib);
+  EXPECT_EQ(m->check_invariants(), "");
+}
+
+TEST(MemoryLimit, ALowerLimitGivesFreeMemoryBackAtOnceAndZeroLiftsIt) {
+  auto m = manager(0, 0);
+  auto a = m->reserve(16 * mib).value();
+  {
+    auto b = m->reserve(16 * mib).value();
+    auto c = m->reserve(16 * mib).value();
+  }
+  ASSERT_GE(m->statistics().bytes_reserved, 48 * mib) << "free memory stays mapped without a limit";
+  ASSERT_TRUE(m->set_memory_limit(20 * mib));
+  EXPECT_LE(m->statistics().bytes_reserved, 20 * mib) << "the free memory went back";
+  EXPECT_EQ(m->usage().number_allocs, 1u);
+  auto over = m->reserve(8 * mib);
+  ASSERT_FALSE(over);
+  EXPECT_EQ(over.code(), errc::out_of_memory);
+  ASSERT_TRUE(m->set_memory_limit(0));
+  EXPECT_EQ(m->memory_limit(), 0u);
+  EXPECT_TRUE(m->reserve(8 * mib)) << "no limit: served again";
+  EXPECT_EQ(m->check_invariants(), "");
+}
+
+TEST(MemoryLimit, FarFromTheBudgetTheArenaMapsLessAndUnmapsNothingNearItItTrims) {
+  // No capacity and no limit: no budget, the tight policy. A device of 64 GiB: far from it.
+  auto tight = manager(0, 0);
+  const outcome t = run_workload(*tight);
+  auto roomy = manager(64 * gib, 0);
+  const outcome r = run_workload(*roomy);
+  EXPECT_EQ(t.failures, 0u);
+  EXPECT_EQ(r.failures, 0u);
+  EXPECT_EQ(r.peak_live, t.peak_live);
+  EXPECT_LT(r.maps, t.maps) << "far from the budget the arena maps less";
+  EXPECT_LE(r.unmaps, t.unmaps);
+  EXPECT_LE(static_cast<double>(t.peak_reserved), 1.05 * static_cast<double>(t.peak_live) + 64.0 * mib);
+  EXPECT_LE(static_cast<double>(r.peak_reserved), 1.15 * static_cast<double>(r.peak_live) + 128.0 * mib)
+      << "and keeps within its looser share of the peak of live bytes";
+  // The same device capped just above the peak of live bytes: tight again, within the cap.
+  std::printf("tight: %llu maps, %llu unmaps, peak reserved %.3f of live; roomy: %llu maps, %llu unmaps, %.3f\n",
+              static_cast<unsigned long long>(t.maps), static_cast<unsigned long long>(t.unmaps),
+              static_cast<double>(t.peak_reserved) / static_cast<double>(t.peak_live),
+              static_cast<unsigned long long>(r.maps), static_cast<unsigned long long>(r.unmaps),
+              static_cast<double>(r.peak_reserved) / static_cast<double>(r.peak_live));
+  const std::uint64_t cap = t.peak_live + t.peak_live / 20;
+  auto capped = manager(64 * gib, cap);
+  const outcome c = run_workload(*capped);
+  EXPECT_EQ(c.failures, 0u) << "1.05 times the peak of live bytes is room enough";
+  EXPECT_LE(c.peak_reserved, cap);
+  EXPECT_EQ(c.peak_live, t.peak_live);
+}
