@@ -15,6 +15,8 @@
 #   replay       the allocation traces through devrt on the GPU (--json, driver time per call)
 #   baselines    the traces through cudaMallocAsync and PyTorch's caching allocator (default and
 #                expandable segments), twice each; builds devrt-torch-baseline there
+#   compare      devrt and those three on every trace, $ROUNDS (3) rounds in rotated order, one
+#                table of the best ns/event, the range and peak reserved / peak live
 #   demo         the main job (devrt_inference_server --device cuda), the examples
 #   bench        devrt_bench_events, devrt_bench_streams and devrt_bench_actor
 #   latency      devrt_bench_gap (C and C++, host and cuda:0, requests served in place and not,
@@ -152,6 +154,51 @@ step_replay() {
     [ -f "$T/$t.trace.gz" ] && run timeout 60 "$B/devrt-replay" "$T/$t.trace.gz" --device cuda --json --no-progress
   done
   return 0
+}
+
+# Every trace through devrt, cudaMallocAsync and PyTorch's allocator (default and expandable
+# segments), $ROUNDS (3) rounds with the order rotated; then one line per trace and allocator: the
+# best ns/event, its range, and peak reserved / peak live (compare.txt, compare.jsonl).
+step_compare() {
+  bash tools/replay/build_torch_baseline.sh /tmp/devrt-torch-baseline > "$OUT/torch_build.log" 2>&1 || echo "compare: no PyTorch baseline (torch_build.log)"
+  local t r k j names=(devrt cudaMallocAsync torch_default torch_expandable)
+  : > "$OUT/compare.jsonl"
+  for t in $TRACES; do
+    [ -f "$T/$t.trace.gz" ] || continue
+    for r in $(seq 1 "${ROUNDS:-3}"); do
+      for k in 0 1 2 3; do
+        j=$(( (k + r) % 4 ))
+        local out
+        case ${names[$j]} in
+          devrt) out=$(timeout 60 "$B/devrt-replay" "$T/$t.trace.gz" --device cuda --json --no-progress 2>/dev/null) ;;
+          cudaMallocAsync) out=$(timeout 60 "$B/devrt-replay" "$T/$t.trace.gz" --baseline cudaMallocAsync --json --no-progress 2>/dev/null) ;;
+          torch_default) out=$(timeout 90 /tmp/devrt-torch-baseline "$T/$t.trace.gz" --json 2>/dev/null) ;;
+          torch_expandable) out=$(PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True timeout 90 /tmp/devrt-torch-baseline "$T/$t.trace.gz" --json 2>/dev/null) ;;
+        esac
+        [ -n "$out" ] && echo "{\"trace\": \"$t\", \"allocator\": \"${names[$j]}\", \"run\": $(echo "$out" | tail -1)}" >> "$OUT/compare.jsonl"
+      done
+    done
+  done
+  python3 - "$OUT/compare.jsonl" <<'PY' | tee "$OUT/compare.txt"
+import json, sys
+rows = {}
+for line in open(sys.argv[1]):
+    try:
+        d = json.loads(line)
+    except ValueError:
+        continue
+    rows.setdefault((d["trace"], d["allocator"]), []).append(d["run"])
+traces = sorted({t for t, _ in rows}, key=lambda t: list(dict.fromkeys(k[0] for k in rows)).index(t))
+print("trace        allocator          best ns/ev  range           ratio  maps")
+for t in traces:
+    for a in ("devrt", "cudaMallocAsync", "torch_default", "torch_expandable"):
+        runs = rows.get((t, a), [])
+        if not runs:
+            continue
+        ns = sorted(r["ns_per_event"] for r in runs)
+        best = min(runs, key=lambda r: r["ns_per_event"])
+        print(f"{t:12s} {a:18s} {ns[0]:10.0f}  {ns[0]:6.0f}-{ns[-1]:<6.0f}  {best.get('ratio', 0):6.3f}  {best.get('maps', '-')}")
+PY
 }
 
 step_baselines() {
