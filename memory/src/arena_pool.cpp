@@ -381,10 +381,11 @@ result<detail::descriptor*> arena_pool::alloc(pool_context& ctx, std::uint64_t s
           // mapped, over granules never mapped, within a tighter budget: memory mapped ahead that
           // small long-lived slices pin later cannot be unmapped, so it must not use the headroom
           // that mappings elsewhere need.
-          // Far from the budget, mappings of up to `grow`, but at most an eighth of the headroom
-          // left: a large mapping that a small live slice pins later keeps its free part mapped,
-          // and near the budget that memory is wanted.
-          const std::uint64_t headroom = roomy ? (ctx.budget - std::min(ctx.budget, ctx.held())) / granule_ / 8 : 0;
+          // Far from the budget, mappings of up to `grow`, but at most a quarter of what is left
+          // below roomy_below: a large mapping that a small live slice pins later keeps its free
+          // part mapped, and near the budget that memory is wanted.
+          const std::uint64_t headroom =
+              roomy ? (ctx.roomy_below - std::min(ctx.roomy_below, ctx.held())) / granule_ / 4 : 0;
           std::uint64_t unit = roomy ? grow_ : grow_unit();
           if (roomy) {
             while (unit > 1 && unit > headroom) unit /= 2;

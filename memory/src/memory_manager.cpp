@@ -51,8 +51,7 @@ memory_manager::memory_manager(storage store, manager_options opts)
   ctx_.history = &history_;
   ctx_.reuse_streams = [](void* self) { return static_cast<memory_manager*>(self)->reuse_fenced(); };
   ctx_.reuse_owner = this;
-  ctx_.limit = opts_.memory_limit;
-  ctx_.budget = opts_.memory_limit != 0 ? opts_.memory_limit : props_.capacity;
+  ctx_.set_limit(opts_.memory_limit, props_.capacity);
   layout_ = resolve_or_throw(opts_.layout, props_);
   build_pools(layout_);
   mode_ = opts_.mode.value_or(opts_.policy == persistent_policy::enforced ? allocation_mode::persistent
@@ -770,8 +769,7 @@ result<void> memory_manager::cleanup(bool explicit_cleanup) {
 
 result<void> memory_manager::set_memory_limit(std::uint64_t bytes) {
   process_releases();
-  ctx_.limit = bytes;
-  ctx_.budget = bytes != 0 ? bytes : props_.capacity;
+  ctx_.set_limit(bytes, props_.capacity);
   opts_.memory_limit = bytes;
   if (bytes != 0 && ctx_.held() > bytes) return cleanup(true);
   return {};

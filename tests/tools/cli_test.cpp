@@ -252,5 +252,27 @@ TEST(ReplayCli, GroupDigits) {
   EXPECT_EQ(group_digits(24987485768ULL), "24,987,485,768");
 }
 
+
+TEST(ReplayCli, AMemoryLimitInBytesOrTimesThePeakIsAppliedAndReported) {
+  const std::string trace = std::string(DEVRT_TRACES_DIR) + "/bert_serve.trace.gz";
+  const auto capped = run({trace, "--memory-limit", "1.05x", "--json"});
+  ASSERT_EQ(capped.code, 0) << capped.err;
+  EXPECT_TRUE(contains(capped.out, "\"failures\": 0")) << capped.out;
+  EXPECT_TRUE(contains(capped.out, "\"memory_limit_bytes\": 498433152")) << capped.out;  // 1.05 x 474,698,240
+  EXPECT_TRUE(contains(capped.out, "\"floor_maps\": 2")) << capped.out;
+  const auto text = run({trace, "--memory-limit", "400MiB"});
+  ASSERT_EQ(text.code, 0) << text.err;
+  EXPECT_TRUE(contains(text.out, "memory limit   0.391 GiB (419,430,400 bytes, 0.884 times the peak of live bytes)"))
+      << text.out;
+  EXPECT_TRUE(contains(text.out, "(first: event")) << "below the peak of live bytes, reserves fail: " << text.out;
+  EXPECT_TRUE(contains(text.out, "memory limit")) << text.out;
+  EXPECT_TRUE(contains(text.out, "(the floor: 2 maps of 256 MiB)")) << text.out;
+  for (const char* bad : {"lots", "0x", "-1x", "0"}) {
+    const auto r = run({trace, "--memory-limit", bad});
+    EXPECT_EQ(r.code, 2) << bad;
+    EXPECT_TRUE(contains(r.err, "bad value for --memory-limit")) << r.err;
+  }
+}
+
 }  // namespace
 }  // namespace devrt::replay

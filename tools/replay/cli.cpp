@@ -172,10 +172,11 @@ std::string driver_times_text(const replay_result& r) {
   }
   return t;
 }
-/// The fewest mappings of the default chunk (32 MiB) that hold the peak of live bytes.
-constexpr std::uint64_t min_mapping_size = std::uint64_t{32} << 20;
-std::uint64_t min_mappings(const replay_result& r) {
-  return (r.peak_live_bytes + min_mapping_size - 1) / min_mapping_size;
+/// The floor of map calls: the fewest mappings of the arena's largest (its default `grow`,
+/// 256 MiB) that hold the peak of live bytes.
+constexpr std::uint64_t floor_mapping_size = std::uint64_t{256} << 20;
+std::uint64_t floor_maps(const replay_result& r) {
+  return (r.peak_live_bytes + floor_mapping_size - 1) / floor_mapping_size;
 }
 
 /// The figures of one run as JSON fields (no braces).
@@ -214,12 +215,13 @@ std::string run_json(const replay_result& r, const std::string& layout) {
           fmt::format("{{\"physical_creates\": {}, \"maps\": {}, \"access_calls\": {}, \"unmaps\": {}, "
                       "\"releases\": {}, \"page_allocs\": {}, \"page_frees\": {}, \"total\": {}}}",
                       c.creates, c.maps, c.access, c.unmaps, c.releases, c.page_allocs, c.page_frees, c.total()));
-    field("min_mappings", std::to_string(min_mappings(r)));
+    field("floor_maps", std::to_string(floor_maps(r)));
     if (r.driver_measured) {
       field("reused_allocations", std::to_string(r.reused_allocations));
       field("driver_time", driver_times_json(r));
     }
   }
+  field("memory_limit_bytes", std::to_string(r.memory_limit));
   field("failures", std::to_string(r.failures));
   field("first_failure", json_string(r.first_failure));
   field("stopped", r.stopped ? "true" : "false");
@@ -243,6 +245,7 @@ int run_compare(const cli_options& o, const trace& t, std::uint64_t trace_events
     ro.layout = o.layout;
     ro.baseline = b;
     ro.strict = o.strict;
+    ro.memory_limit = o.memory_limit;
     if (show) ro.progress = [&bar](std::uint64_t done, std::uint64_t total) { bar.show(done, total); };
     auto r = replay(tr, ro);
     bar.clear();
@@ -298,13 +301,13 @@ int run_compare(const cli_options& o, const trace& t, std::uint64_t trace_events
       const driver_calls c = driver_calls_of(w.r);
       out << fmt::format(
           "devrt's driver calls: {} physical creates, {} maps, {} access calls, {} unmaps, {} releases{} ({} in all); "
-          "the peak live bytes need at least {} mappings of 32 MiB\n",
+          "the floor, the peak live bytes in mappings of 256 MiB: {} maps\n",
           group_digits(c.creates), group_digits(c.maps), group_digits(c.access), group_digits(c.unmaps),
           group_digits(c.releases),
           c.page_allocs + c.page_frees != 0 ? fmt::format(", {} page allocations, {} page frees",
                                                           group_digits(c.page_allocs), group_digits(c.page_frees))
                                             : std::string(),
-          group_digits(c.total()), group_digits(min_mappings(w.r)));
+          group_digits(c.total()), group_digits(floor_maps(w.r)));
       if (w.r.driver_measured) {
         out << fmt::format("devrt's time in the driver ({} maps of a kept physical allocation):\n{}",
                            group_digits(w.r.reused_allocations), driver_times_text(w.r));
@@ -362,6 +365,10 @@ Replays an allocation trace against devrt and reports time per event and memory 
   --threads N             actor mode: N client threads of one runtime (ids spread by id % N)
   --wait                  actor mode: reserve().get() per allocation instead of create()
   --strict                stop at the first failed reserve (exit code 1)
+  --memory-limit L        the device's memory limit: bytes (3GiB), or F times the trace's peak of
+                          live bytes (1.05x); devrt's limit (devrt_set_memory_limit), and for a
+                          baseline a balloon (cudaMalloc of what is free beyond it) that leaves
+                          it exactly L of the GPU
   --gpu-lag N             with --device sim-gpu (core mode): the simulated GPU runs N events
                           behind the requests, as under a training loop, so that unmaps wait
                           behind busy work (default 0: idle, as in a replay on the GPU itself)
@@ -452,6 +459,27 @@ result<cli_options> parse_args(const std::vector<std::string>& args) {
         return usage_error(fmt::format("bad value for --threads: '{}' (expected 1 to 1024)", *v));
       }
       o.threads = n;
+    } else if (name == "--memory-limit") {
+      auto v = value();
+      if (!v) return std::move(v).err();
+      const std::string& text = *v;
+      bool ok_limit = false;
+      if (!text.empty() && (text.back() == 'x' || text.back() == 'X')) {
+        const std::string number = text.substr(0, text.size() - 1);
+        char* end = nullptr;
+        const double f = number.empty() ? 0.0 : std::strtod(number.c_str(), &end);
+        ok_limit = end != nullptr && *end == '\0' && f > 0.0 && f <= 1000.0;
+        o.memory_limit_factor = f;
+      } else if (auto b = memory::parse_size(text); b && *b != 0) {
+        o.memory_limit = *b;
+        ok_limit = true;
+      }
+      if (!ok_limit) {
+        return usage_error(fmt::format(
+            "bad value for --memory-limit: '{}' (expected bytes such as 3GiB, or F times the trace's peak of live "
+            "bytes such as 1.05x)",
+            text));
+      }
     } else if (name == "--gpu-lag") {
       auto v = value();
       if (!v) return std::move(v).err();
@@ -543,7 +571,7 @@ int run_cli(const std::vector<std::string>& args, std::ostream& out, std::ostrea
     err << "devrt-replay: " << trace_error_text(parsed.err()) << "\n(see devrt-replay --help)\n";
     return 2;
   }
-  const cli_options& o = *parsed;
+  cli_options o = *parsed;  // --memory-limit Fx is resolved once the trace is read
   if (o.help) {
     out << usage();
     return 0;
@@ -558,6 +586,10 @@ int run_cli(const std::vector<std::string>& args, std::ostream& out, std::ostrea
   }
   const std::uint64_t trace_events = t->events.size();
   if (o.limit) truncate(*t, *o.limit);
+  if (o.memory_limit_factor > 0) {
+    o.memory_limit =
+        static_cast<std::uint64_t>(static_cast<double>(summarize(*t).peak_live_bytes) * o.memory_limit_factor);
+  }
 
   if (o.compare) return run_compare(o, *t, trace_events, read_seconds, out, err, err_is_terminal);
 
@@ -570,6 +602,7 @@ int run_cli(const std::vector<std::string>& args, std::ostream& out, std::ostrea
   ro.wait = o.wait;
   ro.strict = o.strict;
   ro.gpu_lag = o.gpu_lag;
+  ro.memory_limit = o.memory_limit;
   ro.timeline_samples = o.timeline_prefix ? 2000 : 0;
   if (o.progress.value_or(err_is_terminal)) {
     ro.progress = [&bar](std::uint64_t done, std::uint64_t total) { bar.show(done, total); };
@@ -638,6 +671,8 @@ int run_cli(const std::vector<std::string>& args, std::ostream& out, std::ostrea
     field("driver_frees", std::to_string(r->driver_frees));
     field("maps", std::to_string(r->maps));
     field("unmaps", std::to_string(r->unmaps));
+    if (r->allocator == "devrt") field("floor_maps", std::to_string(floor_maps(*r)));
+    field("memory_limit_bytes", std::to_string(r->memory_limit));
     if (r->driver_measured) {
       field("physical_creates", std::to_string(r->physical_creates));
       field("reused_allocations", std::to_string(r->reused_allocations));
@@ -685,8 +720,19 @@ int run_cli(const std::vector<std::string>& args, std::ostream& out, std::ostrea
     out << fmt::format("ratio          {:.3f}\n", r->ratio);
     out << fmt::format(
         "driver         {} allocations, {} frees{}\n", group_digits(r->driver_allocs), group_digits(r->driver_frees),
-        r->maps + r->unmaps != 0 ? fmt::format("; {} maps, {} unmaps", group_digits(r->maps), group_digits(r->unmaps))
-                                 : std::string());
+        r->maps + r->unmaps != 0
+            ? fmt::format("; {} maps, {} unmaps (the floor: {} maps of 256 MiB)", group_digits(r->maps),
+                          group_digits(r->unmaps), group_digits(floor_maps(*r)))
+            : std::string());
+    if (r->memory_limit != 0) {
+      out << fmt::format("memory limit   {} ({} bytes, {:.3f} times the peak of live bytes){}\n",
+                         gib_text(r->memory_limit), group_digits(r->memory_limit),
+                         r->peak_live_bytes != 0
+                             ? static_cast<double>(r->memory_limit) / static_cast<double>(r->peak_live_bytes)
+                             : 0.0,
+                         r->peak_reserved_bytes <= r->memory_limit ? ", peak reserved within it"
+                                                                   : ", PEAK RESERVED ABOVE IT");
+    }
     if (r->driver_measured) {
       out << fmt::format("driver time    {} physical allocations created, {} maps of a kept one\n{}",
                          group_digits(r->physical_creates), group_digits(r->reused_allocations), driver_times_text(*r));

@@ -31,6 +31,10 @@ struct cli_options {
   bool timeline_svg = false;
   std::optional<std::uint64_t> limit;
   std::uint64_t gpu_lag = 0;     ///< --gpu-lag: sim-gpu runs this many events behind
+  /// --memory-limit: bytes, or (memory_limit_factor > 0) that many times the trace's peak of live
+  /// bytes, resolved into memory_limit once the trace is read.
+  std::uint64_t memory_limit = 0;
+  double memory_limit_factor = 0;
   std::optional<bool> progress;  ///< default: on when stderr is a terminal
   bool help = false;
 };

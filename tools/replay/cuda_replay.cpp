@@ -91,6 +91,7 @@ struct baseline_state {
   bool threshold_set = false;
   std::uint64_t old_threshold = 0;
   std::vector<void*> ptrs;
+  void* balloon = nullptr;  // what is free beyond a memory limit, held for the replay
 
   baseline_state() = default;
   baseline_state(const baseline_state&) = delete;
@@ -105,6 +106,7 @@ struct baseline_state {
       }
     }
     cudaDeviceSynchronize();
+    if (balloon != nullptr) cudaFree(balloon);
     if (threshold_set) cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &old_threshold);
     if (pool != nullptr) cudaMemPoolTrimTo(pool, 0);
     if (stream != nullptr) cudaStreamDestroy(stream);
@@ -186,6 +188,14 @@ result<replay_result> replay_baseline(const trace& t, const replay_options& o) {
   std::size_t total_bytes = 0;
   cudaDeviceSynchronize();
   if (auto e = cudaMemGetInfo(&free_bytes, &total_bytes); e != cudaSuccess) return call_failed("cudaMemGetInfo", e);
+  if (o.memory_limit != 0 && free_bytes > o.memory_limit) {
+    // A balloon: the allocator finds exactly the limit free.
+    if (auto e = cudaMalloc(&st.balloon, free_bytes - o.memory_limit); e != cudaSuccess) {
+      return call_failed("cudaMalloc (the balloon that leaves the memory limit free)", e);
+    }
+    cudaDeviceSynchronize();
+    if (auto e = cudaMemGetInfo(&free_bytes, &total_bytes); e != cudaSuccess) return call_failed("cudaMemGetInfo", e);
+  }
   const std::uint64_t used_before = total_bytes - free_bytes;
   std::uint64_t peak_used = used_before;
   clock_type::duration sampling{0};

@@ -100,6 +100,7 @@ result<replay_result> replay_core(const trace& t, const replay_options& o) {
   memory::manager_options mo;
   mo.name = "replay";
   mo.layout = o.layout;
+  mo.memory_limit = o.memory_limit;
   auto store_made = make_storage(o.device);
   if (!store_made) return std::move(store_made).err();
   auto made = memory::memory_manager::create(std::move(*store_made), std::move(mo));
@@ -189,6 +190,7 @@ result<replay_result> replay_actor(const trace& t, const replay_options& o) {
   runtime::runtime_options ro;
   // A replay is reproducible only if the DEVRT_* environment cannot change the policy.
   ro.use_environment = false;
+  if (o.memory_limit != 0) ro.memory_limit = runtime::memory_limit_spec{o.memory_limit, 0};
   const bool sim = o.device == device_choice::sim || o.device == device_choice::sim_gpu;
   if (sim) {
     ro.sim = sim_for(o.device);
@@ -366,11 +368,17 @@ memory::device_properties properties_of(device_choice d) {
 }
 
 result<replay_result> replay(const trace& t, const replay_options& opts) {
-  if (opts.baseline) return detail::replay_baseline(t, opts);
+  if (opts.baseline) {
+    auto r = detail::replay_baseline(t, opts);
+    if (r) r->memory_limit = opts.memory_limit;
+    return r;
+  }
   if (opts.device == device_choice::cuda && opts.threads != 0) {
     return detail::cuda_replay_error("actor mode (--threads) runs on sim or host only; --device cuda is core mode");
   }
-  return opts.threads == 0 ? replay_core(t, opts) : replay_actor(t, opts);
+  auto r = opts.threads == 0 ? replay_core(t, opts) : replay_actor(t, opts);
+  if (r) r->memory_limit = opts.memory_limit;
+  return r;
 }
 
 result<void> write_timeline_csv(const std::string& path, const std::vector<timeline_point>& timeline) {

@@ -75,6 +75,9 @@ struct replay_options {
   /// queues work on it, which completes that many events later), so that unmaps wait behind busy
   /// work as under a training loop; 0: the GPU is idle, as in a replay on the GPU itself.
   std::uint64_t gpu_lag = 0;
+  /// The device's memory limit in bytes (0: none): devrt's (manager_options::memory_limit); for a
+  /// baseline, a balloon (cudaMalloc of what is free beyond it) leaves it exactly this much.
+  std::uint64_t memory_limit = 0;
   /// Core mode: about this many timeline samples (0: no timeline). Each sample is the largest
   /// live and reserved byte counts seen in its window of events.
   std::size_t timeline_samples = 0;
@@ -127,6 +130,7 @@ struct replay_result {
     double seconds = 0;
   };
   std::vector<driver_time> driver_times;
+  std::uint64_t memory_limit = 0;  ///< the limit replayed under (0: none)
   std::uint64_t failures = 0;  ///< failed reserves
   std::string first_failure;   ///< the first one's message, with its event
   bool stopped = false;        ///< strict mode stopped at a failure

@@ -41,6 +41,15 @@ struct pool_context {
   /// What the pools' policy measures headroom against: the limit, else the device's capacity (0:
   /// unknown, and the pools stay as tight as they can).
   std::uint64_t budget = 0;
+  /// Below this the pools are far from the budget (see roomy): half the device's capacity without
+  /// a limit; an eighth of a limit, which may sit just above the workload's peak.
+  std::uint64_t roomy_below = 0;
+  /// Sets the limit (0: none) and, with the device's capacity, the budget.
+  void set_limit(std::uint64_t bytes, std::uint64_t capacity) {
+    limit = bytes;
+    budget = bytes != 0 ? bytes : capacity;
+    roomy_below = bytes != 0 ? bytes / 8 : capacity / 2;
+  }
   /// The caller's descriptor that the next slice placed gets instead of a fresh one (see
   /// memory_manager::reserve_into); consumed by attach_new.
   detail::descriptor* into = nullptr;
@@ -101,11 +110,14 @@ struct pool_context {
     e.text = "memory limit";
     return e;
   }
-  /// Far from the budget: what the device holds, with `more` bytes, stays under half of it. The
-  /// pools then keep free memory mapped and map in larger units; nearer, they trim. Half, not
-  /// more: the free parts of large mappings that live slices pin stay mapped for good, and a
-  /// workload capped at 1.05 times its peak of live bytes needs them back by then.
-  [[nodiscard]] bool roomy(std::uint64_t more) const { return budget != 0 && held() + more <= budget / 2; }
+  /// Far from the budget: what the device holds, with `more` bytes, stays under roomy_below. The
+  /// pools then keep free memory mapped and map in larger units; nearer, they trim. Not more: the
+  /// free parts of large mappings that live slices pin stay mapped for good, and a workload
+  /// capped at 1.05 times its peak of live bytes needs them back by then (measured on the traces
+  /// of BENCHMARKS.md: an eighth of such a limit, half of a device without one).
+  [[nodiscard]] bool roomy(std::uint64_t more) const {
+    return roomy_below != 0 && held() + more <= roomy_below;
+  }
 
   /// Allocates a page from the storage and counts it.
   result<storage_handle> alloc_page(std::uint64_t size) {
