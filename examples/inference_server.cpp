@@ -15,7 +15,11 @@
 // from an allocation trace (each request replays a chunk of the trace's events, writing a pattern
 // into every allocation and checking it before the allocation is dropped).
 //
-//   devrt_inference_server [--threads N] [--requests N] [--seed N] [--device auto|host|cuda|sim]
+// On `sim-gpu`, a simulated H200 with streams, every worker has a stream of its own as on CUDA:
+// activations are reserved for it, each layer is an event recorded on it (the simulated kernel),
+// and the stream runs the request's work at its end; no bytes are computed or checked.
+//
+//   devrt_inference_server [--threads N] [--requests N] [--seed N] [--device auto|host|cuda|sim|sim-gpu]
 //                          [--layers N] [--hidden N] [--layout LAYOUT] [--trace PATH [--events N]]
 //                          [--progress | --no-progress]
 #include <unistd.h>
@@ -42,6 +46,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "devrt/devices/sim_storage.hpp"
 #include "devrt/runtime/runtime.hpp"
 #include "inference_kernels.hpp"
 
@@ -66,7 +71,8 @@ constexpr const char* usage_text =
     "  --threads N          worker threads (default 8)\n"
     "  --requests N         requests to serve (default 2000; with --trace: every chunk of the trace once)\n"
     "  --seed N             seed of the request distribution (default 1)\n"
-    "  --device D           auto (the first CUDA GPU if there is one, else host), host, cuda or sim\n"
+    "  --device D           auto (the first CUDA GPU if there is one, else host), host, cuda, sim, or\n"
+    "                       sim-gpu (a simulated H200 with a stream per worker, as on cuda)\n"
     "  --layers N           layers of the model (default 4)\n"
     "  --hidden N           hidden size of the model, in 32-bit words (default 256)\n"
     "  --layout LAYOUT      pool layout: auto (default: an arena where the device maps memory), arena,\n"
@@ -81,10 +87,11 @@ struct usage_error : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
-enum class device_choice { automatic, host, cuda, sim };
+enum class device_choice { automatic, host, cuda, sim, sim_gpu };
 /// How a device's memory is computed on: by the host on the strand, by CUDA kernels on the
-/// device's stream, or not at all (the simulated device has no memory behind its allocations).
-enum class compute_kind { host, cuda, none };
+/// device's stream, or not at all (the simulated device has no memory behind its allocations;
+/// sim_streams: simulated kernels, events on each worker's stream of the simulated GPU).
+enum class compute_kind { host, cuda, none, sim_streams };
 
 struct settings {
   int threads = 8;
@@ -158,8 +165,10 @@ std::optional<settings> parse_args(int argc, char** argv) {
       s.device = device_choice::cuda;
     } else if (value == "sim") {
       s.device = device_choice::sim;
+    } else if (value == "sim-gpu") {
+      s.device = device_choice::sim_gpu;
     } else {
-      throw usage_error("--device expects auto, host, cuda or sim, not '" + std::string(value) + "'");
+      throw usage_error("--device expects auto, host, cuda, sim or sim-gpu, not '" + std::string(value) + "'");
     }
   }
   if (events_given && !s.trace_path) throw usage_error("--events applies to --trace only");
@@ -302,6 +311,7 @@ class server {
   /// the previous one dropped), a check of the output.
   request_result serve(std::uint32_t seed, const request_shape& shape, void* stream) {
     if (kind_ == compute_kind::cuda) return serve_on_stream(seed, shape, stream);
+    if (kind_ == compute_kind::sim_streams) return serve_on_sim_stream(shape, stream);
     const std::uint64_t n = shape.batch * shape.sequence * model_.hidden;
     const std::uint64_t wn = model_.weight_words;
     const compute_kind kind = kind_;
@@ -372,6 +382,36 @@ class server {
     }
     return out;
   }
+
+  /// The same request on the simulated GPU's stream of this worker: reserves for the stream, a
+  /// simulated kernel (an event on the stream) per layer, each handle dropped while its kernel is
+  /// still queued, and the stream runs the request's work at the end.
+  request_result serve_on_sim_stream(const request_shape& shape, void* native) {
+    const std::uint64_t n = shape.batch * shape.sequence * model_.hidden;
+    const memory::stream s = memory::stream::native(native);
+    const auto id = static_cast<memory::stream_id>(reinterpret_cast<std::uintptr_t>(native));
+    request_result out;
+    try {
+      memory_handle x = client_.reserve(n * 4, s).get();
+      ++out.pairs;
+      (void)sim_->record_event(id);
+      for (std::uint32_t l = 0; l < model_.layers; ++l) {
+        memory_handle h = client_.reserve(2 * n * 4, s).get();
+        memory_handle y = client_.reserve(n * 4, s).get();
+        out.pairs += 2;
+        (void)sim_->record_event(id);  // the layer's kernel reads x and writes h and y
+        x = std::move(y);
+      }
+      (void)sim_->record_event(id);
+      x.reset();
+      sim_->progress_stream(id);  // the request's work runs
+      out.ok = true;
+    } catch (const std::exception& e) {
+      errors_->note(e.what());
+    }
+    return out;
+  }
+  void set_sim(devices::sim_storage* sim) noexcept { sim_ = sim; }
 
   /// A request replayed from a trace: every allocation gets a pattern when it is made and is
   /// checked when the trace frees it (or at the end of the request) before it is dropped.
@@ -513,6 +553,7 @@ class server {
 
   compute_client client_;
   compute_kind kind_;
+  devices::sim_storage* sim_ = nullptr;  // sim_streams: the simulated GPU, whose streams the workers use
   const model& model_;
   memory_handle counter_;
   std::shared_ptr<error_log> errors_ = std::make_shared<error_log>();
@@ -613,6 +654,14 @@ int run(const settings& s) {
     opts.sim = devices::sim_options{};
     opts.sim_layout = s.layout;
   }
+  if (s.device == device_choice::sim_gpu) {
+    // An H200's properties, streams whose work runs when the test lets it, unmaps behind it.
+    opts.sim = devices::sim_options::h200();
+    opts.sim->name = "sim-gpu";
+    opts.sim->streams = true;
+    opts.sim->deferred_unmaps = true;
+    opts.sim_layout = s.layout;
+  }
   auto rt = devrt::runtime::runtime::create(opts);
   if (!rt) {
     const error& e = rt.err();
@@ -629,6 +678,10 @@ int run(const settings& s) {
     case device_choice::sim:
       client = runtime.sim();
       kind = compute_kind::none;
+      break;
+    case device_choice::sim_gpu:
+      client = runtime.sim();
+      kind = compute_kind::sim_streams;
       break;
     case device_choice::automatic:
     case device_choice::cuda:
@@ -676,6 +729,34 @@ int run(const settings& s) {
   m.layers = s.layers;
   m.hidden = s.hidden;
   m.weight_words = s.hidden * s.hidden;
+  // The simulated GPU runs what is queued on its streams (the device's own included) on a thread
+  // of its own, as a GPU runs kernels beside the host.
+  devices::sim_storage* sim = nullptr;
+  std::atomic<bool> gpu_stop{false};
+  std::thread gpu;
+  if (kind == compute_kind::sim_streams) {
+    sim = client
+              .async_run<devices::sim_storage*>(
+                  [](devrt::runtime::actor_core& c) {
+                    return result<devices::sim_storage*>(c.manager().backing_storage().backend<devices::sim_storage>());
+                  },
+                  devrt::runtime::use_future_t{})
+              .get();
+    gpu = std::thread([sim, &gpu_stop] {
+      while (!gpu_stop.load(std::memory_order_relaxed)) {
+        sim->progress();
+        std::this_thread::sleep_for(std::chrono::microseconds(50));
+      }
+    });
+  }
+  struct gpu_joiner {
+    std::atomic<bool>& stop;
+    std::thread& t;
+    ~gpu_joiner() {
+      stop.store(true);
+      if (t.joinable()) t.join();
+    }
+  } join_gpu{gpu_stop, gpu};
   memory_handle counter;
   const auto load_start = std::chrono::steady_clock::now();
   {
@@ -704,6 +785,7 @@ int run(const settings& s) {
               std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - load_start).count());
 
   server srv(client, kind, m, counter);
+  if (sim != nullptr) srv.set_sim(sim);
   std::atomic<std::uint64_t> next{0};
   std::atomic<std::uint64_t> done{0};
   std::vector<worker_totals> totals(static_cast<std::size_t>(s.threads));
@@ -720,6 +802,9 @@ int run(const settings& s) {
         worker_totals& mine = totals[static_cast<std::size_t>(t)];
         // On a CUDA device, each worker launches on a stream of its own.
         void* stream = nullptr;
+        if (kind == compute_kind::sim_streams) {
+          stream = reinterpret_cast<void*>(static_cast<std::uintptr_t>(sim->create_stream()));
+        }
         if (kind == compute_kind::cuda) {
           if (const char* e = example::cuda_stream_create(&stream); e != nullptr) {
             srv.errors()->note(std::string("cudaStreamCreate failed: ") + e);
@@ -748,7 +833,10 @@ int run(const settings& s) {
           // Its work has run (each request waited for it) and its handles are gone: devrt is told
           // before the stream is destroyed.
           (void)client.retire_stream(memory::stream::native(stream)).get();
-          example::cuda_stream_destroy(stream);
+          if (kind == compute_kind::cuda) example::cuda_stream_destroy(stream);
+          if (kind == compute_kind::sim_streams) {
+            sim->destroy_stream(static_cast<memory::stream_id>(reinterpret_cast<std::uintptr_t>(stream)));
+          }
         }
       });
     }
@@ -789,7 +877,7 @@ int run(const settings& s) {
   std::printf("latency per request: p50 %.3f ms, p90 %.3f ms, p99 %.3f ms, max %.3f ms\n",
               percentile(all.latency_ms, 0.50), percentile(all.latency_ms, 0.90), percentile(all.latency_ms, 0.99),
               all.latency_ms.empty() ? 0.0 : all.latency_ms.back());
-  if (kind == compute_kind::none) {
+  if (kind == compute_kind::none || kind == compute_kind::sim_streams) {
     std::printf("data checks: none (the %s device has no memory behind its allocations)\n",
                 client.device().name.c_str());
   } else {

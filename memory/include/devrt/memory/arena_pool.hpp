@@ -269,7 +269,7 @@ class arena_pool {
   // tenth of their size mapped for nothing), in mappings of up to `grow`.
   static constexpr std::uint64_t budget_per_mille = 1040;
   static constexpr std::uint64_t ahead_per_mille = 1010;
-  static constexpr std::uint64_t roomy_per_mille = 1150;
+  static constexpr std::uint64_t roomy_per_mille = 1100;
   static constexpr std::uint64_t roomy_ahead_per_mille = 1100;
   static constexpr std::uint64_t roomy_ahead_bytes = std::uint64_t{128} << 20;
   static constexpr std::uint64_t grow_share = 32;
