@@ -16,7 +16,8 @@
 #   baselines    the traces through cudaMallocAsync and PyTorch's caching allocator (default and
 #                expandable segments), twice each; builds devrt-torch-baseline there
 #   compare      devrt and those three on every trace, $ROUNDS (3) rounds in rotated order, one
-#                table of the best ns/event, the range and peak reserved / peak live
+#                table of the best ns/event, the range and peak reserved / peak live; with
+#                CAP="--memory-limit 1.05x" every allocator under that cap (a balloon for the peers)
 #   demo         the main job (devrt_inference_server --device cuda), the examples
 #   bench        devrt_bench_events, devrt_bench_streams and devrt_bench_actor
 #   latency      devrt_bench_gap (C and C++, host and cuda:0, requests served in place and not,
@@ -170,10 +171,10 @@ step_compare() {
         j=$(( (k + r) % 4 ))
         local out
         case ${names[$j]} in
-          devrt) out=$(timeout 60 "$B/devrt-replay" "$T/$t.trace.gz" --device cuda --json --no-progress 2>/dev/null) ;;
-          cudaMallocAsync) out=$(timeout 60 "$B/devrt-replay" "$T/$t.trace.gz" --baseline cudaMallocAsync --json --no-progress 2>/dev/null) ;;
-          torch_default) out=$(timeout 90 /tmp/devrt-torch-baseline "$T/$t.trace.gz" --json 2>/dev/null) ;;
-          torch_expandable) out=$(PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True timeout 90 /tmp/devrt-torch-baseline "$T/$t.trace.gz" --json 2>/dev/null) ;;
+          devrt) out=$(timeout 60 "$B/devrt-replay" "$T/$t.trace.gz" --device cuda --json --no-progress $CAP 2>/dev/null) ;;
+          cudaMallocAsync) out=$(timeout 60 "$B/devrt-replay" "$T/$t.trace.gz" --baseline cudaMallocAsync --json --no-progress $CAP 2>/dev/null) ;;
+          torch_default) out=$(timeout 90 /tmp/devrt-torch-baseline "$T/$t.trace.gz" --json $CAP 2>/dev/null) ;;
+          torch_expandable) out=$(PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True timeout 90 /tmp/devrt-torch-baseline "$T/$t.trace.gz" --json $CAP 2>/dev/null) ;;
         esac
         [ -n "$out" ] && echo "{\"trace\": \"$t\", \"allocator\": \"${names[$j]}\", \"run\": $(echo "$out" | tail -1)}" >> "$OUT/compare.jsonl"
       done
@@ -189,7 +190,7 @@ for line in open(sys.argv[1]):
         continue
     rows.setdefault((d["trace"], d["allocator"]), []).append(d["run"])
 traces = sorted({t for t, _ in rows}, key=lambda t: list(dict.fromkeys(k[0] for k in rows)).index(t))
-print("trace        allocator          best ns/ev  range           ratio  maps")
+print("trace        allocator          best ns/ev  range           ratio  maps  failures")
 for t in traces:
     for a in ("devrt", "cudaMallocAsync", "torch_default", "torch_expandable"):
         runs = rows.get((t, a), [])
@@ -197,7 +198,7 @@ for t in traces:
             continue
         ns = sorted(r["ns_per_event"] for r in runs)
         best = min(runs, key=lambda r: r["ns_per_event"])
-        print(f"{t:12s} {a:18s} {ns[0]:10.0f}  {ns[0]:6.0f}-{ns[-1]:<6.0f}  {best.get('ratio', 0):6.3f}  {best.get('maps', '-')}")
+        print(f"{t:12s} {a:18s} {ns[0]:10.0f}  {ns[0]:6.0f}-{ns[-1]:<6.0f}  {best.get('ratio', 0):6.3f}  {best.get('maps', '-')}  {max(r.get('failures', 0) for r in runs)}")
 PY
 }
 

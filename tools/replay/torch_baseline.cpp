@@ -4,7 +4,11 @@
 // machine's python3 has. Build it there with tools/replay/build_torch_baseline.sh (or
 // -DDEVRT_TORCH_BASELINE=ON).
 //
-//     devrt-torch-baseline TRACE [--limit N] [--json]
+//     devrt-torch-baseline TRACE [--limit N] [--memory-limit BYTES|Fx] [--json]
+//
+// --memory-limit: a balloon (cudaMalloc of what is free beyond it, before PyTorch starts) leaves
+// PyTorch exactly BYTES of the GPU, or F times the trace's peak of live bytes; an allocation
+// PyTorch then refuses is counted as a failure and the replay goes on.
 //
 // TRACE is devrt's trace format (gzip'd or plain): `# {json}` header, `a <id> <bytes>`, `f <id>`.
 // The reader here is a small standalone one (zlib only), so the program needs nothing of devrt.
@@ -107,14 +111,28 @@ int main(int argc, char** argv) {
   std::string path;
   std::uint64_t limit = UINT64_MAX;
   bool json = false;
+  std::uint64_t cap = 0;
+  double cap_factor = 0;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--limit" && i + 1 < argc) {
       limit = std::strtoull(argv[++i], nullptr, 10);
     } else if (a == "--json") {
       json = true;
+    } else if (a == "--memory-limit" && i + 1 < argc) {
+      const std::string v = argv[++i];
+      if (!v.empty() && (v.back() == 'x' || v.back() == 'X')) {
+        cap_factor = std::strtod(v.c_str(), nullptr);
+      } else {
+        cap = std::strtoull(v.c_str(), nullptr, 10);
+      }
+      if (cap == 0 && cap_factor <= 0) {
+        std::fprintf(stderr, "devrt-torch-baseline: bad --memory-limit '%s' (bytes, or F times the peak: 1.05x)\n",
+                     v.c_str());
+        return 2;
+      }
     } else if (a == "--help" || a == "-h" || (!a.empty() && a[0] == '-') || !path.empty()) {
-      std::fprintf(stderr, "usage: devrt-torch-baseline TRACE [--limit N] [--json]\n");
+      std::fprintf(stderr, "usage: devrt-torch-baseline TRACE [--limit N] [--memory-limit BYTES|Fx] [--json]\n");
       return a == "--help" || a == "-h" ? 0 : 2;
     } else {
       path = a;
@@ -131,6 +149,23 @@ int main(int argc, char** argv) {
     namespace alloc = c10::cuda::CUDACachingAllocator;
     check(cudaSetDevice(0), "cudaSetDevice(0)");
     check(cudaFree(nullptr), "cudaFree(nullptr)");  // the context, outside the clock
+    void* balloon = nullptr;
+    if (cap_factor > 0) {
+      std::uint64_t l = 0;
+      std::uint64_t p = 0;
+      for (const event& e : t.events) {
+        l = e.alloc ? l + e.size : l - e.size;
+        p = std::max(p, l);
+      }
+      cap = static_cast<std::uint64_t>(static_cast<double>(p) * cap_factor);
+    }
+    if (cap != 0) {
+      std::size_t free_bytes = 0;
+      std::size_t total_bytes = 0;
+      check(cudaMemGetInfo(&free_bytes, &total_bytes), "cudaMemGetInfo");
+      if (free_bytes > cap) check(cudaMalloc(&balloon, free_bytes - cap), "cudaMalloc (the balloon)");
+    }
+    std::uint64_t failures = 0;
     c10::cuda::set_device(0);
     alloc::init(1);
     alloc::resetPeakStats(0);
@@ -143,7 +178,14 @@ int main(int argc, char** argv) {
       if (e.alloc) {
         live += e.size;
         peak_live = std::max(peak_live, live);
-        if (e.size != 0) ptrs[e.id] = alloc::raw_alloc(e.size);
+        if (e.size != 0) {
+          try {
+            ptrs[e.id] = alloc::raw_alloc(e.size);
+          } catch (const std::exception&) {
+            if (cap == 0) throw;
+            ++failures;  // refused under the memory limit: counted, the replay goes on
+          }
+        }
       } else {
         live -= e.size;
         if (ptrs[e.id] != nullptr) alloc::raw_delete(ptrs[e.id]);
@@ -168,10 +210,11 @@ int main(int argc, char** argv) {
       std::printf(
           "{\"trace\": \"%s\", \"allocator\": \"torch\", \"alloc_conf\": \"%s\", \"events\": %zu, "
           "\"seconds\": %.6f, \"ns_per_event\": %.1f, \"peak_live_bytes\": %llu, \"peak_allocated_bytes\": %llu, "
-          "\"peak_reserved_bytes\": %llu, \"ratio\": %.3f}\n",
+          "\"peak_reserved_bytes\": %llu, \"ratio\": %.3f, \"memory_limit_bytes\": %llu, \"failures\": %llu}\n",
           name.c_str(), conf != nullptr ? conf : "", t.events.size(), seconds, ns,
           static_cast<unsigned long long>(peak_live), static_cast<unsigned long long>(peak_allocated),
-          static_cast<unsigned long long>(peak_reserved), ratio);
+          static_cast<unsigned long long>(peak_reserved), ratio, static_cast<unsigned long long>(cap),
+          static_cast<unsigned long long>(failures));
     } else {
       std::printf("trace          %s (%zu events)\n", name.c_str(), t.events.size());
       std::printf("allocator      PyTorch CUDA caching allocator, PYTORCH_CUDA_ALLOC_CONF=%s\n",
@@ -184,7 +227,12 @@ int main(int argc, char** argv) {
       std::printf("peak reserved  %.3f GiB (%llu bytes)\n", static_cast<double>(peak_reserved) / gib,
                   static_cast<unsigned long long>(peak_reserved));
       std::printf("ratio          %.3f\n", ratio);
+      if (cap != 0) {
+        std::printf("memory limit   %llu bytes (a balloon), %llu failures\n", static_cast<unsigned long long>(cap),
+                    static_cast<unsigned long long>(failures));
+      }
     }
+    if (balloon != nullptr) cudaFree(balloon);
   } catch (const std::exception& e) {
     // c10::Error (out of memory included) derives from std::exception.
     die(e.what());
