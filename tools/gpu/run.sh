@@ -171,10 +171,10 @@ step_compare() {
         j=$(( (k + r) % 4 ))
         local out
         case ${names[$j]} in
-          devrt) out=$(timeout 60 "$B/devrt-replay" "$T/$t.trace.gz" --device cuda --json --no-progress $CAP 2>/dev/null) ;;
-          cudaMallocAsync) out=$(timeout 60 "$B/devrt-replay" "$T/$t.trace.gz" --baseline cudaMallocAsync --json --no-progress $CAP 2>/dev/null) ;;
-          torch_default) out=$(timeout 90 /tmp/devrt-torch-baseline "$T/$t.trace.gz" --json $CAP 2>/dev/null) ;;
-          torch_expandable) out=$(PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True timeout 90 /tmp/devrt-torch-baseline "$T/$t.trace.gz" --json $CAP 2>/dev/null) ;;
+          devrt) out=$(timeout 60 "$B/devrt-replay" "$T/$t.trace.gz" --device cuda --json --no-progress ${CAP:-} 2>/dev/null) ;;
+          cudaMallocAsync) out=$(timeout 60 "$B/devrt-replay" "$T/$t.trace.gz" --baseline cudaMallocAsync --json --no-progress ${CAP:-} 2>/dev/null) ;;
+          torch_default) out=$(timeout 90 /tmp/devrt-torch-baseline "$T/$t.trace.gz" --json ${CAP:-} 2>/dev/null) ;;
+          torch_expandable) out=$(PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True timeout 90 /tmp/devrt-torch-baseline "$T/$t.trace.gz" --json ${CAP:-} 2>/dev/null) ;;
         esac
         [ -n "$out" ] && echo "{\"trace\": \"$t\", \"allocator\": \"${names[$j]}\", \"run\": $(echo "$out" | tail -1)}" >> "$OUT/compare.jsonl"
       done
