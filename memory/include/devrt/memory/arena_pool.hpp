@@ -22,7 +22,11 @@
 // arena grows (a slice placed at the start of the range's free end), the mapping reaches past the
 // slice, in a unit of a power of two of granules up to 1/32 of the memory mapped (at most
 // `grow`), as far as 1.01 times the peak of live bytes allows; and a run of fewer than 4 granules
-// keeps its last granule rather than mapping it apart.
+// keeps its last granule rather than mapping it apart. Those are the shares near the device's
+// budget (pool_context: its memory limit, else its capacity). Far from it (pool_context::roomy)
+// free mappings stay mapped within 1.10 times the peak of live bytes, and the arena maps ahead
+// within 1.10 times, at most 128 MiB at once, in units up to `grow` and a quarter of the headroom.
+// Under a memory limit, free mappings give way (largest first) before a map would pass it.
 //
 // Stream order (see stream_order.hpp): with several streams, a slice freed on its own stream
 // stays free *for that stream only* (tagged with it) until the stream's fence for its epoch has
@@ -30,7 +34,9 @@
 // only with neighbours of the same tag, and their mappings count them like live slices, so memory
 // that a stream may still use is never unmapped. `harvest` turns tagged slices whose fence passed
 // into slices free for all (merging them with their neighbours); a reserve that would map new
-// memory harvests first.
+// memory first has the manager fence the streams with unfenced frees and query the fences in
+// flight (pool_context::reuse_streams, never a wait), so what any stream freed and has passed
+// serves it.
 //
 // Costs: best fit through size classes with bitmaps (size_class_index.hpp: constant time, exact
 // best fit while a class holds at most 16 free slices), one index for the free slices and one per
