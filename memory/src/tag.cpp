@@ -18,7 +18,7 @@ result<tag_name> tag_name::make(std::string_view text) {
     }
   }
   tag_name t;
-  std::memcpy(t.bytes_.data(), text.data(), text.size());
+  if (!text.empty()) std::memcpy(t.bytes_.data(), text.data(), text.size());  // an empty view's data may be null
   t.bytes_[text.size()] = '\0';
   t.length_ = static_cast<std::uint8_t>(text.size());
   return t;
