@@ -185,6 +185,16 @@ std::uint64_t memory_manager::trace_address(const detail::descriptor* d) {
 
 namespace {
 
+/// The live bytes of sleeping tags: they count as in use but hold no device memory.
+template <class Tags>
+std::uint64_t sleeping_in_use(const Tags& tags) {
+  std::uint64_t n = 0;
+  for (const auto& t : tags) {
+    if (t != nullptr && t->state == tag_state::asleep) n += t->bytes_in_use;
+  }
+  return n;
+}
+
 std::string stream_name(stream_id q) {
   switch (q) {
     case streams::none: return "none";
@@ -223,18 +233,14 @@ void memory_manager::explain_out_of_memory(error& e, std::uint64_t size, stream_
                       return a->requested_size != b->requested_size ? a->requested_size > b->requested_size
                                                                     : a->sequence < b->sequence;
                     });
-  // Sleeping tags' live bytes count as in use but hold no device memory.
-  std::uint64_t asleep_in_use = 0;
-  for (const auto& t : tags_) {
-    if (t != nullptr && t->state == tag_state::asleep) asleep_in_use += t->bytes_in_use;
-  }
+  const std::uint64_t asleep_in_use = sleeping_in_use(tags_);
   const std::uint64_t awake_in_use = st.bytes_in_use - std::min(st.bytes_in_use, asleep_in_use);
   std::string out =
       fmt::format("request: {} ({} bytes) on {}, {}\n", format_bytes(size), size, opts_.name, stream_name(q));
-  out += fmt::format("device: capacity {}, free {}{}\n",
-                     props_.capacity != 0 ? format_bytes(props_.capacity) : std::string("unknown"),
-                     device_free ? format_bytes(*device_free) : std::string("unknown"),
-                     ctx_.limit != 0 ? fmt::format(", devrt's memory limit {}", format_bytes(ctx_.limit)) : std::string());
+  out += fmt::format(
+      "device: capacity {}, free {}{}\n", props_.capacity != 0 ? format_bytes(props_.capacity) : std::string("unknown"),
+      device_free ? format_bytes(*device_free) : std::string("unknown"),
+      ctx_.limit != 0 ? fmt::format(", devrt's memory limit {}", format_bytes(ctx_.limit)) : std::string());
   out += fmt::format(
       "devrt: reserved {}, in use {} in {} allocations{}, returning {}, held for streams {}, free in its pools {} "
       "(largest free block {})\n",
@@ -924,18 +930,15 @@ std::string memory_manager::report() {
                        format_bytes(t.bytes_offloaded));
   }
   // Sleeping tags' allocations stay live but hold no device memory: the usage line says so.
-  std::uint64_t asleep_in_use = 0;
-  for (const auto& t : tags_) {
-    if (t != nullptr && t->state == tag_state::asleep) asleep_in_use += t->bytes_in_use;
-  }
+  const std::uint64_t asleep_in_use = sleeping_in_use(tags_);
   if (asleep_in_use == 0) {
     out += total.to_string();
   } else {
     memory_usage awake = total;
     awake.bytes_in_use -= std::min(awake.bytes_in_use, asleep_in_use);
     std::string line = awake.to_string();
-    line.insert(line.size() - 1, fmt::format("; and {} in use by sleeping tags, not on the device",
-                                             format_bytes(asleep_in_use)));
+    line.insert(line.size() - 1,
+                fmt::format("; and {} in use by sleeping tags, not on the device", format_bytes(asleep_in_use)));
     out += line;
   }
   out += statistics().to_string();
