@@ -858,11 +858,12 @@ std::string arena_pool::report() const {
     if (const std::uint32_t l = t.free.largest(slots_); l != npos)
       largest_hole = std::max(largest_hole, slots_[l].extent);
   }
-  std::string out = fmt::format("arena pool {}: granule {}, address space {}, free memory kept {}", index_,
-                                format_bytes(granule_), format_bytes(space_),
-                                opts_.slack  ? "up to " + format_bytes(*opts_.slack)
-                                : grow_ != 0 ? std::string("within 1.10x the peak of live bytes far from the budget, 1.04x near it")
-                                             : std::string("until needed elsewhere"));
+  std::string out =
+      fmt::format("arena pool {}: granule {}, address space {}, free memory kept {}", index_, format_bytes(granule_),
+                  format_bytes(space_),
+                  opts_.slack  ? "up to " + format_bytes(*opts_.slack)
+                  : grow_ != 0 ? std::string("within 1.10x the peak of live bytes far from the budget, 1.04x near it")
+                               : std::string("until needed elsewhere"));
   if (max_alloc_ < space_) out += fmt::format(", max {}", format_bytes(max_alloc_));
   out += fmt::format(
       "; {} live slices, {} in use, {} mapped ({} granules in {} mappings, {} granules free), {} holes, largest {}\n",

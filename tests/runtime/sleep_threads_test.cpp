@@ -5,8 +5,8 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
-#include <optional>
 #include <cstring>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>

@@ -252,7 +252,6 @@ TEST(ReplayCli, GroupDigits) {
   EXPECT_EQ(group_digits(24987485768ULL), "24,987,485,768");
 }
 
-
 TEST(ReplayCli, AMemoryLimitInBytesOrTimesThePeakIsAppliedAndReported) {
   const std::string trace = std::string(DEVRT_TRACES_DIR) + "/bert_serve.trace.gz";
   const auto capped = run({trace, "--memory-limit", "1.05x", "--json"});

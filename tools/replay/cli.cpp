@@ -718,20 +718,19 @@ int run_cli(const std::vector<std::string>& args, std::ostream& out, std::ostrea
                        group_digits(r->peak_reserved_bytes),
                        r->peak_reserved_source != "manager" ? fmt::format(", from {}", r->peak_reserved_source) : "");
     out << fmt::format("ratio          {:.3f}\n", r->ratio);
-    out << fmt::format(
-        "driver         {} allocations, {} frees{}\n", group_digits(r->driver_allocs), group_digits(r->driver_frees),
-        r->maps + r->unmaps != 0
-            ? fmt::format("; {} maps, {} unmaps (the floor: {} maps of 256 MiB)", group_digits(r->maps),
-                          group_digits(r->unmaps), group_digits(floor_maps(*r)))
-            : std::string());
+    out << fmt::format("driver         {} allocations, {} frees{}\n", group_digits(r->driver_allocs),
+                       group_digits(r->driver_frees),
+                       r->maps + r->unmaps != 0
+                           ? fmt::format("; {} maps, {} unmaps (the floor: {} maps of 256 MiB)", group_digits(r->maps),
+                                         group_digits(r->unmaps), group_digits(floor_maps(*r)))
+                           : std::string());
     if (r->memory_limit != 0) {
-      out << fmt::format("memory limit   {} ({} bytes, {:.3f} times the peak of live bytes){}\n",
-                         gib_text(r->memory_limit), group_digits(r->memory_limit),
-                         r->peak_live_bytes != 0
-                             ? static_cast<double>(r->memory_limit) / static_cast<double>(r->peak_live_bytes)
-                             : 0.0,
-                         r->peak_reserved_bytes <= r->memory_limit ? ", peak reserved within it"
-                                                                   : ", PEAK RESERVED ABOVE IT");
+      out << fmt::format(
+          "memory limit   {} ({} bytes, {:.3f} times the peak of live bytes){}\n", gib_text(r->memory_limit),
+          group_digits(r->memory_limit),
+          r->peak_live_bytes != 0 ? static_cast<double>(r->memory_limit) / static_cast<double>(r->peak_live_bytes)
+                                  : 0.0,
+          r->peak_reserved_bytes <= r->memory_limit ? ", peak reserved within it" : ", PEAK RESERVED ABOVE IT");
     }
     if (r->driver_measured) {
       out << fmt::format("driver time    {} physical allocations created, {} maps of a kept one\n{}",

@@ -30,7 +30,7 @@ struct cli_options {
   bool timeline_png = true;
   bool timeline_svg = false;
   std::optional<std::uint64_t> limit;
-  std::uint64_t gpu_lag = 0;     ///< --gpu-lag: sim-gpu runs this many events behind
+  std::uint64_t gpu_lag = 0;  ///< --gpu-lag: sim-gpu runs this many events behind
   /// --memory-limit: bytes, or (memory_limit_factor > 0) that many times the trace's peak of live
   /// bytes, resolved into memory_limit once the trace is read.
   std::uint64_t memory_limit = 0;

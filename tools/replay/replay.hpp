@@ -131,9 +131,9 @@ struct replay_result {
   };
   std::vector<driver_time> driver_times;
   std::uint64_t memory_limit = 0;  ///< the limit replayed under (0: none)
-  std::uint64_t failures = 0;  ///< failed reserves
-  std::string first_failure;   ///< the first one's message, with its event
-  bool stopped = false;        ///< strict mode stopped at a failure
+  std::uint64_t failures = 0;      ///< failed reserves
+  std::string first_failure;       ///< the first one's message, with its event
+  bool stopped = false;            ///< strict mode stopped at a failure
   std::vector<timeline_point> timeline;
 };
 

@@ -115,9 +115,7 @@ struct pool_context {
   /// free parts of large mappings that live slices pin stay mapped for good, and a workload
   /// capped at 1.05 times its peak of live bytes needs them back by then (measured on the traces
   /// of BENCHMARKS.md: an eighth of such a limit, half of a device without one).
-  [[nodiscard]] bool roomy(std::uint64_t more) const {
-    return roomy_below != 0 && held() + more <= roomy_below;
-  }
+  [[nodiscard]] bool roomy(std::uint64_t more) const { return roomy_below != 0 && held() + more <= roomy_below; }
 
   /// Allocates a page from the storage and counts it.
   result<storage_handle> alloc_page(std::uint64_t size) {

@@ -60,11 +60,11 @@ struct memory_statistics {
   std::uint64_t stream_registrations = 0;    ///< streams registered so far (a reused handle counts anew)
   std::uint64_t broken_streams = 0;          ///< registrations whose fence could not be recorded or queried
   std::uint64_t bytes_held_for_streams = 0;  ///< freed bytes kept until their streams' fences pass
-  std::uint64_t bytes_sleeping = 0;   ///< memory unmapped by sleeping tags (memory/tag.hpp), mapped again on wake
-  std::uint64_t bytes_offloaded = 0;  ///< host memory holding the contents sleeping tags kept
+  std::uint64_t bytes_sleeping = 0;     ///< memory unmapped by sleeping tags (memory/tag.hpp), mapped again on wake
+  std::uint64_t bytes_offloaded = 0;    ///< host memory holding the contents sleeping tags kept
   std::uint64_t bytes_host_cached = 0;  ///< pinned host memory kept for later sleeps' copies (no contents)
-  std::uint64_t sleeps = 0;           ///< tags put to sleep
-  std::uint64_t wakes = 0;            ///< tags woken
+  std::uint64_t sleeps = 0;             ///< tags put to sleep
+  std::uint64_t wakes = 0;              ///< tags woken
 
   [[nodiscard]] std::string to_string() const;
 };

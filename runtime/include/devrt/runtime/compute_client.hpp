@@ -521,8 +521,8 @@ class compute_client {
   /// The device's memory limit (0: none).
   template <class Token = default_token>
   auto memory_limit(Token&& token = {}) const {
-    return async_run<std::uint64_t>(
-        [](actor_core& c) { return result<std::uint64_t>(c.manager().memory_limit()); }, std::forward<Token>(token));
+    return async_run<std::uint64_t>([](actor_core& c) { return result<std::uint64_t>(c.manager().memory_limit()); },
+                                    std::forward<Token>(token));
   }
 
   /// Explicit cleanup: returns unused pages to the device and flushes.
