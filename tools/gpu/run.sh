@@ -24,8 +24,9 @@
 #                three rounds in rotated order) with the idle device's CPU; devrt_bench_actor
 #                beside $B/devrt_bench_actor_base when packed (an earlier build), rotated
 #   torch-bench  tools/torch_bench/workload.py, runs $TORCH_FIRST (1) to $TORCH_RUNS (5) of each of $TORCH_WORKLOADS
-#                (gpt2_train bert_infer) under PyTorch's allocator, devrt, and devrt with every
-#                request sent to the device thread (DEVRT_SERVE_IN_PLACE=0), the order rotated
+#                (gpt2_train bert_infer side_stream) under each of $TORCH_ALLOCS (default expandable
+#                devrt; devrt-posted: every request sent to the device thread), the order rotated
+#                by one every run; then the medians (tools/torch_bench/torch_summary.py)
 #   snapshot     tools/torch_bench's gpt2_train under devrt with a memory snapshot at the end of
 #                its measured part; PyTorch's viewer (torch.cuda._memory_viz stats (its segsum), trace,
 #                trace_plot) on it, its totals against devrt's statistics; tests/python/test_snapshot.py
@@ -255,15 +256,18 @@ step_latency() {
 }
 
 step_torch_bench() {
-  local w r a alloc sip order
-  for w in ${TORCH_WORKLOADS:-gpt2_train bert_infer}; do
+  # The allocators of $TORCH_ALLOCS (default, expandable: PyTorch's with expandable segments, devrt,
+  # devrt-posted: devrt with every request sent to the device thread), in an order rotated by one
+  # every run; then the medians of each (torch_summary.py).
+  local w r a alloc sip conf i n
+  local -a allocs order
+  read -r -a allocs <<<"${TORCH_ALLOCS:-default expandable devrt}"
+  n=${#allocs[@]}
+  for w in ${TORCH_WORKLOADS:-gpt2_train bert_infer side_stream}; do
     for r in $(seq "${TORCH_FIRST:-1}" "${TORCH_RUNS:-5}"); do
-      case $((r % 3)) in
-        1) order="default devrt devrt-posted" ;;
-        2) order="devrt devrt-posted default" ;;
-        *) order="devrt-posted default devrt" ;;
-      esac
-      for a in $order; do
+      order=()
+      for i in $(seq 0 $((n - 1))); do order+=("${allocs[$(((i + r - 1) % n))]}"); done
+      for a in "${order[@]}"; do
         alloc=$a
         sip=1
         [ "$a" = devrt-posted ] && alloc=devrt && sip=0
@@ -272,6 +276,7 @@ step_torch_bench() {
       done
     done
   done
+  python3 tools/torch_bench/torch_summary.py "$OUT"/torch_*.json
   return 0
 }
 
