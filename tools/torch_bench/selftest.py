@@ -318,8 +318,33 @@ def test_run_all_loop():
         expect(md.count("### ") == 4, "a table per workload")
 
 
+def test_torch_summary():
+    """torch_summary.py (tools/gpu/run.sh torch-bench): medians per workload and allocator, with the
+    allocator read from the file name, failed runs counted and left out."""
+    with tempfile.TemporaryDirectory() as d:
+        runs = {"default": [3.0, 1.0, 2.0], "devrt-posted": [5.0, 4.0, 6.0]}
+        for alloc, walls in runs.items():
+            for i, w in enumerate(walls, 1):
+                r = {"ok": True, "wall_s": w, "peak_reserved_bytes": int(w * 1e9), "num_device_alloc": i}
+                (Path(d) / f"torch_gpt2_train_{alloc}_{i}.json").write_text(json.dumps(r))
+        (Path(d) / "torch_gpt2_train_devrt_1.json").write_text(json.dumps({"ok": False, "error": "x"}))
+        files = sorted(str(p) for p in Path(d).glob("*.json"))
+        r = subprocess.run([sys.executable, str(HERE / "torch_summary.py"), *files], capture_output=True, text=True)
+        expect(r.returncode == 0, f"torch_summary exit status 0 ({r.returncode}: {r.stderr[-300:]})")
+        rows = {line.split("|")[2].strip(): line for line in r.stdout.splitlines() if line.startswith("| gpt2_train")}
+        expect(set(rows) == {"default", "devrt", "devrt-posted"}, f"a row per allocator: {sorted(rows)}")
+        expect("| 2.000 (3.000, 1.000, 2.000) |" in rows.get("default", ""), f"default's median: {rows.get('default')}")
+        expect("| 2.000 (1.000-3.000) |" in rows.get("default", ""), f"default's peak: {rows.get('default')}")
+        expect("| 5.000 (5.000, 4.000, 6.000) |" in rows.get("devrt-posted", ""), "devrt-posted kept apart")
+        expect("0 of 1" in rows.get("devrt", ""), f"the failed run counted: {rows.get('devrt')}")
+        r = subprocess.run([sys.executable, str(HERE / "torch_summary.py"), str(Path(d) / "nothing.json")],
+                           capture_output=True, text=True)
+        expect(r.returncode == 1 and "no results" in r.stderr, "no results: exit status 1")
+
+
 def main() -> int:
-    for t in (test_parse, test_schedules, test_compare, test_summary_and_table, test_command_lines, test_run_all_loop):
+    for t in (test_parse, test_schedules, test_compare, test_summary_and_table, test_command_lines, test_run_all_loop,
+              test_torch_summary):
         try:
             t()
         except Exception as e:  # noqa: BLE001
