@@ -102,6 +102,7 @@ std::uint64_t sim_storage::reused_allocations() const noexcept { return vmm_->re
 result<memory::event> sim_storage::behind_device() {
   {
     const std::lock_guard lock(mutex_);
+    expire_locked();
     if (unpassed_.empty()) return memory::event{0};
   }
   for (const memory::stream_id s : return_after_) {
@@ -323,10 +324,24 @@ std::uint64_t sim_storage::uid_locked(memory::stream_id s) {
 }
 
 memory::event sim_storage::record_locked(std::uint64_t uid) {
+  expire_locked();
   ++issued_;
   unpassed_.emplace(issued_, uid);
   of_.emplace(issued_, uid);
+  if (opts_.runs_after.count() > 0) recorded_at_.emplace_back(issued_, std::chrono::steady_clock::now());
   return issued_;
+}
+
+void sim_storage::expire_locked() const noexcept {
+  if (recorded_at_.empty()) return;
+  const auto before = std::chrono::steady_clock::now() - opts_.runs_after;
+  while (!recorded_at_.empty() && recorded_at_.front().second <= before) {
+    if (auto it = unpassed_.find(recorded_at_.front().first); it != unpassed_.end()) {
+      passed_on_[it->second] = std::max(passed_on_[it->second], it->first);
+      unpassed_.erase(it);
+    }
+    recorded_at_.pop_front();
+  }
 }
 
 void sim_storage::pass_locked(memory::event e) noexcept {
@@ -369,6 +384,7 @@ result<memory::event> sim_storage::record_event(memory::stream_id s) {
 
 result<bool> sim_storage::query_event(memory::event e) {
   const std::lock_guard lock(mutex_);
+  expire_locked();
   if (fail_query_) {
     fail_query_ = false;
     return error::make(errc::device_error, "injected event query failure");
@@ -378,6 +394,7 @@ result<bool> sim_storage::query_event(memory::event e) {
 
 bool sim_storage::has_passed(memory::event e) const noexcept {
   const std::lock_guard lock(mutex_);
+  expire_locked();
   return unpassed_.count(e) == 0;
 }
 
@@ -464,6 +481,7 @@ memory::event sim_storage::issued_events() const noexcept {
 
 memory::event sim_storage::passed_on(memory::stream_id s) {
   const std::lock_guard lock(mutex_);
+  expire_locked();
   auto it = passed_on_.find(uid_locked(s));
   return it == passed_on_.end() ? 0 : it->second;
 }
@@ -489,11 +507,13 @@ bool sim_storage::ordered_after_locked(std::uint64_t uid, memory::event e, int d
 
 bool sim_storage::ordered_after(std::uint64_t uid, memory::event e) const noexcept {
   const std::lock_guard lock(mutex_);
+  expire_locked();
   return ordered_after_locked(uid, e, 0);
 }
 
 result<void> sim_storage::stream_wait_event(memory::stream_id s, memory::event e) {
   const std::lock_guard lock(mutex_);
+  expire_locked();
   ++joins_;
   const std::uint64_t uid = uid_locked(s == memory::streams::per_thread ? memory::streams::legacy : s);
   if (uid == 0) {

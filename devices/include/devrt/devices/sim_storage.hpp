@@ -15,7 +15,9 @@
 // (`free_fence::record`) and the test's progress calls may come from any thread.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <map>
 #include <memory>
@@ -45,6 +47,12 @@ struct sim_options {
   /// (`returning_bytes`); the same bounds mapped again keep it; other bounds over it wait (counted
   /// in `waits()`).
   bool deferred_unmaps = false;
+  /// With `streams`: work queued on a stream also runs by itself, as a GPU runs it without the
+  /// host's help: an event passes once this long has gone by since it was recorded (0: only when
+  /// the test lets the device progress). Events pass in the order they were recorded, so a stream's
+  /// order and its waits (which point back in time) hold. A model of kernel time that does not
+  /// depend on a thread of the host getting the CPU.
+  std::chrono::nanoseconds runs_after{0};
 
   /// An NVIDIA H200: 512-byte alignment, 150,109,880,320 bytes, pages up to a quarter of that,
   /// memory mapped in 2 MiB granules.
@@ -265,12 +273,17 @@ class sim_storage {
   void run_until_locked(memory::event e) noexcept;
   bool ordered_after_locked(std::uint64_t uid, memory::event e, int depth) const noexcept;
   void pass_locked(memory::event e) noexcept;
+  /// runs_after: passes the events recorded at least that long ago.
+  void expire_locked() const noexcept;
 
   mutable std::mutex mutex_;
   memory::event issued_ = 0;
-  std::map<memory::event, std::uint64_t> unpassed_;      // event -> stream uid
+  // Mutable: with runs_after, time passes events in const queries too (under the mutex).
+  mutable std::map<memory::event, std::uint64_t> unpassed_;  // event -> stream uid
+  // runs_after: the events not yet expired and when they were recorded, oldest first.
+  mutable std::deque<std::pair<memory::event, std::chrono::steady_clock::time_point>> recorded_at_;
   std::unordered_map<memory::event, std::uint64_t> of_;  // every event -> stream uid
-  std::unordered_map<std::uint64_t, memory::event> passed_on_;
+  mutable std::unordered_map<std::uint64_t, memory::event> passed_on_;
   std::unordered_map<std::uint64_t, sim_stream> streams_;      // by uid
   std::unordered_map<memory::stream_id, std::uint64_t> live_;  // handle -> uid
   std::vector<memory::stream_id> recycled_;                    // destroyed handles, newest last
