@@ -16,8 +16,9 @@
 // into every allocation and checking it before the allocation is dropped).
 //
 // On `sim-gpu`, a simulated H200 with streams, every worker has a stream of its own as on CUDA:
-// activations are reserved for it, each layer is an event recorded on it (the simulated kernel),
-// and the stream runs the request's work at its end; no bytes are computed or checked.
+// activations are reserved for it, each layer is an event recorded on it (the simulated kernel,
+// done 10 µs after its launch), and the request waits for its stream at its end; no bytes are
+// computed or checked.
 //
 //   devrt_inference_server [--threads N] [--requests N] [--seed N] [--device auto|host|cuda|sim|sim-gpu]
 //                          [--layers N] [--hidden N] [--layout LAYOUT] [--trace PATH [--events N]]
@@ -86,6 +87,13 @@ constexpr const char* usage_text =
 struct usage_error : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
+
+/// sim-gpu: how long after its launch a simulated kernel is done. A layer of this model at the
+/// default sizes (up to 4 MiB of activations) takes a few microseconds on an H200, launch
+/// included. The simulated GPU keeps time by itself rather than on a host thread: such a thread
+/// gets the CPU rarely on a machine with fewer cores than workers, and memory freed on a stream
+/// would wait milliseconds for its fence where an H200 takes microseconds.
+constexpr std::chrono::microseconds sim_kernel_time{10};
 
 enum class device_choice { automatic, host, cuda, sim, sim_gpu };
 /// How a device's memory is computed on: by the host on the strand, by CUDA kernels on the
@@ -655,11 +663,13 @@ int run(const settings& s) {
     opts.sim_layout = s.layout;
   }
   if (s.device == device_choice::sim_gpu) {
-    // An H200's properties, streams whose work runs when the test lets it, unmaps behind it.
+    // An H200's properties, streams whose work runs by itself (each simulated kernel done
+    // sim_kernel_time after its launch, as an H200 runs this model's kernels), unmaps behind it.
     opts.sim = devices::sim_options::h200();
     opts.sim->name = "sim-gpu";
     opts.sim->streams = true;
     opts.sim->deferred_unmaps = true;
+    opts.sim->runs_after = sim_kernel_time;
     opts.sim_layout = s.layout;
   }
   auto rt = devrt::runtime::runtime::create(opts);
@@ -729,11 +739,10 @@ int run(const settings& s) {
   m.layers = s.layers;
   m.hidden = s.hidden;
   m.weight_words = s.hidden * s.hidden;
-  // The simulated GPU runs what is queued on its streams (the device's own included) on a thread
-  // of its own, as a GPU runs kernels beside the host.
+  // The simulated GPU runs what is queued on its streams (the device's own included) by itself,
+  // as a GPU runs kernels beside the host (sim_options::runs_after); a worker also lets its stream
+  // run to the end of each request, as a CUDA worker waits for its stream.
   devices::sim_storage* sim = nullptr;
-  std::atomic<bool> gpu_stop{false};
-  std::thread gpu;
   if (kind == compute_kind::sim_streams) {
     sim = client
               .async_run<devices::sim_storage*>(
@@ -742,21 +751,7 @@ int run(const settings& s) {
                   },
                   devrt::runtime::use_future_t{})
               .get();
-    gpu = std::thread([sim, &gpu_stop] {
-      while (!gpu_stop.load(std::memory_order_relaxed)) {
-        sim->progress();
-        std::this_thread::sleep_for(std::chrono::microseconds(50));
-      }
-    });
   }
-  struct gpu_joiner {
-    std::atomic<bool>& stop;
-    std::thread& t;
-    ~gpu_joiner() {
-      stop.store(true);
-      if (t.joinable()) t.join();
-    }
-  } join_gpu{gpu_stop, gpu};
   memory_handle counter;
   const auto load_start = std::chrono::steady_clock::now();
   {
