@@ -50,13 +50,14 @@ TEST(SimStorage, WithoutRunsAfterEventsPassOnlyWhenTheTestLetsThem) {
 }
 
 TEST(SimStorage, RunsAfterPassesEventsByThemselvesInTheOrderRecorded) {
-  sim_storage sim(timed_streams(std::chrono::milliseconds(100)));
+  sim_storage sim(timed_streams(std::chrono::milliseconds(500)));
   const memory::stream_id a = sim.create_stream();
   const memory::stream_id b = sim.create_stream();
   const memory::event first = *sim.record_event(a);
   const memory::event second = *sim.record_event(b);
   const memory::event third = *sim.record_event(a);
-  // Just recorded: the simulated GPU has not run them yet.
+  // Just recorded: the simulated GPU has not run them yet (half a second leaves room for a loaded
+  // machine between the records and these queries).
   EXPECT_FALSE(*sim.query_event(first));
   EXPECT_FALSE(sim.has_passed(third));
   // They pass with no progress call, never a later one before an earlier one.
