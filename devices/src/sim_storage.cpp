@@ -415,6 +415,7 @@ result<void> sim_storage::wait_event(memory::event e) {
 
 void sim_storage::run_until(memory::event e) noexcept {
   const std::lock_guard lock(mutex_);
+  expire_locked();
   run_until_locked(e);
 }
 
@@ -465,12 +466,14 @@ void sim_storage::progress() noexcept {
 
 void sim_storage::progress_stream(memory::stream_id s) noexcept {
   const std::lock_guard lock(mutex_);
+  expire_locked();  // a wait for an event that time has passed no longer holds the stream back
   const std::uint64_t uid = uid_locked(s);
   if (uid != 0) progress_locked(uid);
 }
 
 void sim_storage::progress_uid(std::uint64_t uid) noexcept {
   const std::lock_guard lock(mutex_);
+  expire_locked();
   progress_locked(uid);
 }
 
