@@ -374,7 +374,12 @@ result<detail::descriptor*> arena_pool::alloc(pool_context& ctx, std::uint64_t s
         // that a later map undoes. Near it, the tight shares.
         const bool roomy = ctx.roomy((missing + grow_) * granule_);
         const std::uint64_t budget = budget_granules(size, roomy ? roomy_per_mille : budget_per_mille);
-        evict_to(ctx, budget > missing ? budget - missing : 0);
+        // Behind a device still busy with earlier unmaps, an unmap now lowers nothing before the
+        // work queued has passed, and the next map at those addresses revives it (two calls for
+        // nothing) or maps beside it: far from the budget, free mappings stay until it caught up.
+        if (!roomy || !keep_ghosts_ || ctx.store.unmaps_in_flight() == 0) {
+          evict_to(ctx, budget > missing ? budget - missing : 0);
+        }
         settle_unmaps(ctx);
         if (found == tail_) {
           // Where the arena grows, map ahead into its free end, in units that grow with the memory

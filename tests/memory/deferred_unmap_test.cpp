@@ -24,8 +24,9 @@ struct device {
   devices::sim_storage* sim = nullptr;
   std::unique_ptr<memory_manager> m;
 
-  explicit device(bool deferred) {
+  explicit device(bool deferred, std::uint64_t capacity = 0) {
     devices::sim_options o;
+    o.props.capacity = capacity;
     o.streams = true;
     o.deferred_unmaps = deferred;
     o.props.map_granularity = 2 * mib;
@@ -253,4 +254,40 @@ TEST(DeferredUnmaps, AReleasedRangeKeepsItsMemoryUntilItsUnmapsAreDone) {
   EXPECT_EQ(given_back, 1);
   EXPECT_EQ(s.range_count(), 0u);
   EXPECT_EQ(s.allocated_bytes(), 0u);
+}
+
+// Far from the device's budget, behind a device still busy with an earlier unmap, the arena keeps
+// its free mappings: an unmap then lowers nothing before the queued work has passed, and a later map
+// at those addresses would only revive it. Once the device has caught up, the budget applies again.
+TEST(DeferredUnmaps, BehindAnUnmapInFlightFreeMemoryStaysMappedUntilTheDeviceCaughtUp) {
+  device d(true, devices::sim_options::h200().props.capacity);  // far from its budget
+  constexpr std::uint64_t gib = 1024 * mib;
+  const event busy = d.sim->record_event(stream_a).value();  // work queued: unmaps wait behind it
+  auto x = d.m->reserve(1 * gib, stream_a).value();
+  auto y = d.m->reserve(1 * gib, stream_a).value();
+  ASSERT_TRUE(d.m->end_batch());
+  x.reset();
+  ASSERT_TRUE(d.m->end_batch());
+  // Z does not fit in X's hole: X's memory is unmapped to keep the budget, behind the busy work.
+  auto z = d.m->reserve(3 * gib / 2, stream_a).value();
+  ASSERT_TRUE(d.m->end_batch());
+  const std::uint64_t first_unmaps = d.m->statistics().unmaps;
+  ASSERT_GT(first_unmaps, 0u);
+  ASSERT_GT(d.sim->unmaps_in_flight(), 0u);
+  // Y is dropped and W fits nowhere mapped: the budget would unmap Y's memory too, but the first
+  // unmaps are still in flight.
+  y.reset();
+  ASSERT_TRUE(d.m->end_batch());
+  auto w = d.m->reserve(5 * gib / 2, stream_a).value();
+  EXPECT_EQ(d.m->statistics().unmaps, first_unmaps) << "free memory was unmapped behind unmaps still in flight";
+  EXPECT_EQ(d.m->check_invariants(), "");
+  // The device catches up: the next map applies the budget again.
+  d.sim->run_until(busy);
+  d.sim->progress();
+  ASSERT_TRUE(d.m->end_batch());
+  ASSERT_EQ(d.sim->unmaps_in_flight(), 0u);
+  auto v = d.m->reserve(4 * gib, stream_a).value();
+  EXPECT_GT(d.m->statistics().unmaps, first_unmaps) << "the budget no longer applies once the device caught up";
+  EXPECT_EQ(d.m->check_invariants(), "");
+  EXPECT_EQ(d.sim->waits(), 0u);
 }

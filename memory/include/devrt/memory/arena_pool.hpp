@@ -26,7 +26,11 @@
 // budget (pool_context: its memory limit, else its capacity). Far from it (pool_context::roomy)
 // free mappings stay mapped within 1.10 times the peak of live bytes, and the arena maps ahead
 // within 1.10 times, at most 128 MiB at once, in units up to `grow` and a quarter of the headroom.
-// Under a memory limit, free mappings give way (largest first) before a map would pass it.
+// On a device whose unmaps wait behind its queued work, far from the budget, free mappings are
+// not unmapped while earlier unmaps are still in flight: an unmap then lowers the memory held only
+// once the work has passed, and a map at those addresses before that revives it (two driver calls
+// for nothing). Under a memory limit, free mappings give way (largest first) before a map would
+// pass it.
 //
 // Stream order (see stream_order.hpp): with several streams, a slice freed on its own stream
 // stays free *for that stream only* (tagged with it) until the stream's fence for its epoch has
