@@ -124,7 +124,9 @@ void memory_manager::release_pools() {
 
 void memory_manager::release_one(detail::descriptor* d) {
   constexpr std::uint64_t queue_ref = detail::descriptor::queued_bit | detail::descriptor::one_ref;
-  constexpr std::uint64_t queue_and_slice = detail::descriptor::attached_bit | queue_ref | detail::descriptor::one_ref;
+  // Attached and queued, two references: the queue's and the slice's.
+  constexpr std::uint64_t queue_and_slice = detail::descriptor::attached_bit + queue_ref + detail::descriptor::one_ref;
+  static_assert(detail::descriptor::total(queue_and_slice) == 2);
   std::uint64_t now = d->state.load(std::memory_order_acquire);
   if (now == queue_and_slice) {
     // Only the queue's reference and the slice's are left: no other thread holds the descriptor,

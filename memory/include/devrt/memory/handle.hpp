@@ -109,8 +109,8 @@ struct descriptor {
   // allocated only on failure, freed with the descriptor.
   std::unique_ptr<const error> failure;
 
-  static std::uint64_t total(std::uint64_t s) noexcept { return s & total_mask; }
-  static std::uint64_t handles(std::uint64_t s) noexcept { return (s & handle_mask) >> 32; }
+  static constexpr std::uint64_t total(std::uint64_t s) noexcept { return s & total_mask; }
+  static constexpr std::uint64_t handles(std::uint64_t s) noexcept { return (s & handle_mask) >> 32; }
 
   /// An unattached descriptor with a fresh id and no references: from the calling thread's cache
   /// of free descriptors, which refills in batches from a process-wide pool, so the steady state
