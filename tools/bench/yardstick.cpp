@@ -2,7 +2,7 @@
 // same process, alternating with devrt's core replay, so that the two times are measured side by
 // side under the same load.
 //
-//   devrt_bench_yardstick TRACE... [--rounds N] [--layout LAYOUT] [--json]
+//   devrt_bench_yardstick TRACE... [--rounds N] [--layout LAYOUT] [--json] [--devrt-only]
 //
 // The yardstick keeps its free blocks in a `std::set` ordered by (size, address) for the fit and
 // a `std::map` by address for the merges, and the live blocks in a vector indexed by the trace's
@@ -15,6 +15,10 @@
 // the heap in a state that changes the other's time). The times are the medians over the rounds
 // (11 by default), and the ratio is the median of the rounds' ratios (devrt's time over the
 // yardstick's in the same round), which drifts least when the machine's load changes.
+//
+// --devrt-only: devrt's replay alone, round after round (the yardstick's columns empty), to profile
+// devrt's core with the same loop, e.g. `perf record --call-graph dwarf devrt_bench_yardstick
+// TRACE --rounds 300 --devrt-only`.
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -132,7 +136,7 @@ double median(std::vector<double> v) {
 int usage(const char* what) {
   std::fprintf(stderr,
                "devrt_bench_yardstick: %s\nusage: devrt_bench_yardstick TRACE... [--rounds N] [--layout LAYOUT] "
-               "[--json]\n",
+               "[--json] [--devrt-only]\n",
                what);
   return 2;
 }
@@ -143,6 +147,7 @@ int main(int argc, char** argv) {
   std::vector<std::string> paths;
   int rounds = 11;
   bool json = false;
+  bool devrt_only = false;
   std::string layout_text = "auto";
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
@@ -152,6 +157,8 @@ int main(int argc, char** argv) {
       layout_text = argv[++i];
     } else if (a == "--json") {
       json = true;
+    } else if (a == "--devrt-only") {
+      devrt_only = true;
     } else if (a.starts_with("-")) {
       return usage(("unknown option " + a).c_str());
     } else {
@@ -183,23 +190,35 @@ int main(int argc, char** argv) {
       replay::replay_options o;
       o.layout = *layout;
       // Alternately first and second, so that neither always runs on the heap the other left.
-      if (k % 2 == 1) yard = run_yardstick(*t);
+      if (!devrt_only && k % 2 == 1) yard = run_yardstick(*t);
       auto r = replay::replay(*t, o);
       if (!r) {
         std::fprintf(stderr, "devrt_bench_yardstick: %s: %s\n", path.c_str(), r.err().message().c_str());
         return 1;
       }
-      if (k % 2 == 0) yard = run_yardstick(*t);
+      if (!devrt_only && k % 2 == 0) yard = run_yardstick(*t);
       devrt_ns.push_back(r->ns_per_event);
-      yard_ns.push_back(yard.ns_per_event);
-      ratios.push_back(r->ns_per_event / yard.ns_per_event);
+      if (!devrt_only) {
+        yard_ns.push_back(yard.ns_per_event);
+        ratios.push_back(r->ns_per_event / yard.ns_per_event);
+      }
       last = std::move(*r);
     }
     const double d = median(devrt_ns);
-    const double y = median(yard_ns);
     const double live = static_cast<double>(std::max<std::uint64_t>(last.peak_live_bytes, 1));
     std::string name = t->name;
     if (name.ends_with(".trace.gz")) name.resize(name.size() - 9);
+    if (devrt_only) {
+      if (json) {
+        fmt::print("{{\"trace\": \"{}\", \"rounds\": {}, \"layout\": \"{}\", \"devrt_ns_per_event\": {:.1f}}}\n", name,
+                   rounds, layout_text, d);
+      } else {
+        fmt::print("| {} | {:.1f} | - | - | {:.3f} | - | {} / {} |\n", name, d, last.ratio, last.maps, last.unmaps);
+      }
+      std::fflush(stdout);
+      continue;
+    }
+    const double y = median(yard_ns);
     if (json) {
       fmt::print(
           "{{\"trace\": \"{}\", \"rounds\": {}, \"layout\": \"{}\", \"devrt_ns_per_event\": {:.1f}, "
