@@ -402,8 +402,14 @@ result<detail::descriptor*> arena_pool::alloc(pool_context& ctx, std::uint64_t s
           const std::uint64_t end = std::min(
               {(last / unit + 1) * unit, last + 1 + room, granule_of(s.offset + s.extent - 1) + 1, space_ / granule_});
           cover_granules(end);
+          // Far from the budget, a slice that maps big_slice_units units or more itself gets no
+          // mapping ahead, only its own mappings in units: they are most of its cost, a mapping
+          // ahead would save one later call at most, and where a growth ends (a model's last large
+          // buffers) it would stay mapped for nothing.
+          const bool big = roomy && missing >= big_slice_units * unit;
+          if (big) cut = unit;
           std::uint64_t e = last + 1;
-          while (e < end && granules_[e].mapping == npos) ++e;
+          while (!big && e < end && granules_[e].mapping == npos) ++e;
           if (e > last + 1) {
             map_last = e - 1;
             cut = unit;

@@ -145,3 +145,24 @@ TEST(MemoryLimit, FarFromTheBudgetTheArenaMapsLessAndUnmapsNothingNearItItTrims)
   EXPECT_LE(c.peak_reserved, cap);
   EXPECT_EQ(c.peak_live, t.peak_live);
 }
+
+TEST(MemoryLimit, FarFromTheBudgetABigSliceMapsNothingAheadASmallOneDoes) {
+  // A device of 64 GiB: far from its budget, the arena grows in units of 256 MiB (its default
+  // `grow`). A slice of at least four units maps its own granules and nothing beyond them: at the
+  // end of a growth the memory mapped ahead would stay free.
+  auto m = manager(64 * gib, 0);
+  auto big = m->reserve(3 * gib + mib);
+  ASSERT_TRUE(big) << big.err().message();
+  EXPECT_EQ(m->statistics().bytes_reserved, 3 * gib + 2 * mib) << "the big slice's granules, none ahead";
+  const std::uint64_t maps_after_big = m->statistics().maps;
+  // A smaller slice where the arena grows maps ahead: the next one of its kind needs no map.
+  auto small = m->reserve(100 * mib);
+  ASSERT_TRUE(small) << small.err().message();
+  EXPECT_GT(m->statistics().bytes_reserved, 3 * gib + 2 * mib + 100 * mib) << "mapped ahead";
+  const std::uint64_t maps_after_small = m->statistics().maps;
+  EXPECT_GT(maps_after_small, maps_after_big);
+  auto next = m->reserve(20 * mib);
+  ASSERT_TRUE(next) << next.err().message();
+  EXPECT_EQ(m->statistics().maps, maps_after_small) << "served by the memory mapped ahead";
+  EXPECT_EQ(m->check_invariants(), "");
+}
