@@ -296,5 +296,25 @@ TEST(ReplayCore, BehindABusyGpuUnmappedMemoryIsHeldUntilTheWorkPasses) {
   EXPECT_EQ(busy->peak_live_bytes, idle->peak_live_bytes);
 }
 
+
+// PyTorch's gpt2_train under devrt on the H200 (tools/replay/traces/torch/gpt2_train.trace.gz,
+// devrt's own history of that run), on the simulated H200 with its work 16 events behind: the
+// peak reserved reproduces the H200's and stays at or below what expandable segments held there
+// (26,291,994,624 bytes, BENCHMARKS.md). Before a slice that maps four units or more stopped
+// mapping ahead, its last 3 GB buffer left 56 MiB mapped for nothing (26,306,674,688 bytes).
+TEST(ReplayCore, PyTorchGpt2TrainHoldsNoMoreThanExpandableSegments) {
+  auto t = read_trace(std::string(DEVRT_TRACES_DIR) + "/torch/gpt2_train.trace.gz", std::nullopt);
+  ASSERT_TRUE(t) << t.err().message();
+  replay_options o;
+  o.device = device_choice::sim_gpu;
+  o.gpu_lag = 16;
+  auto r = replay(*t, o);
+  ASSERT_TRUE(r) << r.err().message();
+  EXPECT_EQ(r->failures, 0U);
+  EXPECT_EQ(r->peak_live_bytes, 24461353764U);
+  EXPECT_LE(r->peak_reserved_bytes, 26291994624U);
+  EXPECT_LT(r->maps, 200U) << "no more maps than expandable segments' 217 on the H200";
+}
+
 }  // namespace
 }  // namespace devrt::replay
