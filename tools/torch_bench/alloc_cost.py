@@ -28,12 +28,22 @@ def main(argv=None) -> int:
         return 2
     if args.lib is not None:
         os.environ["DEVRT_LIBRARY"] = args.lib
-    import torch  # noqa: PLC0415
-
+    try:
+        import torch  # noqa: PLC0415
+    except ImportError as e:
+        print(f"alloc_cost: PyTorch is not installed for {sys.executable} ({e}); this needs a GPU machine "
+              "with torch", file=sys.stderr)
+        return 2
     if args.allocator == "devrt":
-        import devrt.torch  # noqa: PLC0415
-
+        try:
+            import devrt.torch  # noqa: PLC0415
+        except ImportError as e:
+            print(f"alloc_cost: cannot import the devrt package ({e}); run with PYTHONPATH=python", file=sys.stderr)
+            return 2
         devrt.torch.install()
+    if not torch.cuda.is_available():
+        print("alloc_cost: no CUDA device", file=sys.stderr)
+        return 2
     dev = torch.device("cuda")
     torch.empty(1, device=dev)
     sizes = [4096, 65536, 1 << 20, 3 << 20, 16 << 20]
