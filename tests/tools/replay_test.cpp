@@ -296,7 +296,6 @@ TEST(ReplayCore, BehindABusyGpuUnmappedMemoryIsHeldUntilTheWorkPasses) {
   EXPECT_EQ(busy->peak_live_bytes, idle->peak_live_bytes);
 }
 
-
 // PyTorch's gpt2_train under devrt on the H200 (tools/replay/traces/torch/gpt2_train.trace.gz,
 // devrt's own history of that run), on the simulated H200 with its work 16 events behind: the
 // peak reserved reproduces the H200's and stays at or below what expandable segments held there
