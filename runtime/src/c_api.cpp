@@ -4,7 +4,8 @@
 // The table is sharded by pointer hash, each shard with its own mutex, so that threads allocating
 // and freeing different pointers rarely meet on a lock. Each shard also remembers the pointers
 // freed lately (and not allocated again since), which tells a double free from a pointer devrt
-// never gave out.
+// never gave out. A shard is one flat open-addressing table and a ring of its latest frees: once
+// warm, devrt_malloc and devrt_free allocate nothing on the heap (tests/c_api/heap_test.cpp).
 //
 // Lifetime: the running state is reached through one atomic pointer, read on every call without a
 // lock. devrt_init and devrt_shutdown take the lifecycle mutex and must not overlap other calls
@@ -24,14 +25,12 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
-#include <deque>
 #include <exception>
 #include <memory>
 #include <mutex>
 #include <new>
 #include <stdexcept>
 #include <string>
-#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -88,28 +87,124 @@ struct entry {
   mem::stream_id stream = mem::streams::device;  ///< the stream the memory was allocated for
 };
 
-/// One shard of the pointer table. Invariant: a pointer is in at most one of `live` and `freed`.
+/// One shard of the pointer table: an open-addressing table (linear probing, removal by backward
+/// shift) of the pointers given out, and of those freed lately and not allocated again since; a
+/// ring lists the latter in the order of their frees. Nothing is allocated per call once the
+/// table and the ring have grown to the shard's working set. Invariants: a pointer has at most
+/// one record; a record is live (`freed_no` 0, the handle set) or freed (`freed_no` the number of
+/// its free, no handle); a freed record is in the ring under its number, or gone.
 struct alignas(64) shard {
-  static constexpr std::size_t max_freed = 4096;  ///< freed pointers remembered per shard
+  static constexpr std::size_t max_freed = 1024;  ///< freed pointers remembered per shard (65,536 in all)
+
+  struct record {
+    void* ptr = nullptr;  ///< nullptr: an empty slot
+    entry e;
+    std::uint64_t freed_no = 0;
+  };
+  struct freed_at {
+    void* ptr = nullptr;
+    std::uint64_t freed_no = 0;
+  };
 
   std::mutex lock;
-  std::unordered_map<void*, entry> live;
-  /// Pointers freed and not allocated again since, with the number of their free; `freed_order`
-  /// holds them oldest first (entries whose number no longer matches are stale).
-  std::unordered_map<void*, std::uint64_t> freed;
-  std::deque<std::pair<void*, std::uint64_t>> freed_order;
-  std::uint64_t frees = 0;
 
-  void remember_freed(void* p) {
-    freed[p] = ++frees;
-    freed_order.emplace_back(p, frees);
-    while (freed_order.size() > max_freed) {
-      auto [q, n] = freed_order.front();
-      freed_order.pop_front();
-      auto it = freed.find(q);
-      if (it != freed.end() && it->second == n) freed.erase(it);
+  /// The live record of `p`, or nullptr; valid until the shard changes.
+  record* live(const void* p) noexcept {
+    const std::size_t i = find(p);
+    return i != npos && slots_[i].freed_no == 0 ? &slots_[i] : nullptr;
+  }
+  /// Whether `p` was freed lately (and not allocated again since).
+  [[nodiscard]] bool freed_lately(const void* p) const noexcept {
+    const std::size_t i = find(p);
+    return i != npos && slots_[i].freed_no != 0;
+  }
+  /// Records `p` as live; nullptr, or the live record that `p` already has.
+  entry* add(void* p, entry e) {
+    if (std::size_t i = find(p); i != npos) {
+      record& r = slots_[i];
+      if (r.freed_no == 0) return &r.e;
+      r.e = std::move(e);  // allocated again: a later free is no double free
+      r.freed_no = 0;
+      return nullptr;
+    }
+    if (2 * (used_ + 1) > slots_.size()) grow();
+    std::size_t i = home(p);
+    while (slots_[i].ptr != nullptr) i = (i + 1) & mask();
+    slots_[i] = record{p, std::move(e), 0};
+    ++used_;
+    return nullptr;
+  }
+  /// Turns the live record `r` (from live()) into a freed one and returns its entry.
+  entry take(record& r) {
+    void* const p = r.ptr;
+    entry out = std::move(r.e);
+    r.e = entry{};
+    r.freed_no = ++frees_;
+    if (ring_.size() < max_freed) {
+      if (ring_.capacity() < max_freed) ring_.reserve(max_freed);  // once: 16 KiB
+      ring_.push_back({p, frees_});
+    } else {
+      freed_at& oldest = ring_[(frees_ - 1) % max_freed];  // the free max_freed before this one
+      if (const std::size_t j = find(oldest.ptr); j != npos && slots_[j].freed_no == oldest.freed_no) erase(j);
+      oldest = {p, frees_};
+    }
+    return out;
+  }
+  /// Empties the shard; the live entries are moved to `out` (to be released outside the lock).
+  void clear(std::vector<record>& out) {
+    out.swap(slots_);
+    slots_.clear();
+    ring_.clear();
+    used_ = 0;
+  }
+
+ private:
+  static constexpr std::size_t npos = ~std::size_t{0};
+
+  [[nodiscard]] std::size_t mask() const noexcept { return slots_.size() - 1; }
+  [[nodiscard]] std::size_t home(const void* p) const noexcept {
+    auto v = static_cast<std::uint64_t>(reinterpret_cast<std::uintptr_t>(p));
+    v ^= v >> 31;
+    v *= 0xBF58476D1CE4E5B9ULL;
+    v ^= v >> 29;
+    return static_cast<std::size_t>(v) & mask();
+  }
+  [[nodiscard]] std::size_t find(const void* p) const noexcept {
+    if (slots_.empty() || p == nullptr) return npos;
+    for (std::size_t i = home(p);; i = (i + 1) & mask()) {
+      if (slots_[i].ptr == p) return i;
+      if (slots_[i].ptr == nullptr) return npos;
     }
   }
+  /// Removes slot `i`, moving later records of its probe run back (no tombstones).
+  void erase(std::size_t i) noexcept {
+    std::size_t hole = i;
+    for (std::size_t j = (i + 1) & mask(); slots_[j].ptr != nullptr; j = (j + 1) & mask()) {
+      const std::size_t h = home(slots_[j].ptr);
+      // slot j may fill the hole when its home is not in (hole, j], cyclically
+      if (((j - h) & mask()) >= ((j - hole) & mask())) {
+        slots_[hole] = std::move(slots_[j]);
+        hole = j;
+      }
+    }
+    slots_[hole] = record{};
+    --used_;
+  }
+  void grow() {
+    std::vector<record> old(std::max<std::size_t>(64, 2 * slots_.size()));
+    old.swap(slots_);
+    for (record& r : old) {
+      if (r.ptr == nullptr) continue;
+      std::size_t i = home(r.ptr);
+      while (slots_[i].ptr != nullptr) i = (i + 1) & mask();
+      slots_[i] = std::move(r);
+    }
+  }
+
+  std::vector<record> slots_;  // a power of two in size, at most half full
+  std::size_t used_ = 0;
+  std::vector<freed_at> ring_;  // up to max_freed, then the oldest is replaced
+  std::uint64_t frees_ = 0;
 };
 
 constexpr std::size_t shard_count = 64;  // a power of two
@@ -125,12 +220,10 @@ class pointer_table {
   /// Drops every entry (at shutdown); the handles are released outside the locks.
   void clear() {
     for (auto& s : shards_) {
-      std::unordered_map<void*, entry> gone;
+      std::vector<shard::record> gone;
       {
         const std::lock_guard<std::mutex> g(s.lock);
-        gone.swap(s.live);
-        s.freed.clear();
-        s.freed_order.clear();
+        s.clear(gone);
       }
     }
   }
@@ -336,12 +429,10 @@ int do_malloc(void** ptr, std::size_t size, int device, mem::stream stream, cons
   {
     shard& sh = table().of(p);
     const std::lock_guard<std::mutex> g(sh.lock);
-    auto [it, inserted] = sh.live.try_emplace(p, entry{h, device, stream.id()});
-    if (!inserted) {
+    if (const entry* twice = sh.add(p, entry{h, device, stream.id()})) {
       return fail(DEVRT_ERROR_INTERNAL, fmt::format("{}: devrt gave out {} twice (live on device {}); please report it",
-                                                    what, p, it->second.device));
+                                                    what, p, twice->device));
     }
-    sh.freed.erase(p);  // allocated again: a later free is no double free
   }
   *ptr = p;
   return DEVRT_SUCCESS;
@@ -355,9 +446,9 @@ int do_free(void* ptr, int device, mem::stream stream, const char* what) {
   {
     shard& sh = table().of(ptr);
     const std::lock_guard<std::mutex> g(sh.lock);
-    auto it = sh.live.find(ptr);
-    if (it == sh.live.end()) {
-      if (sh.freed.contains(ptr)) {
+    const shard::record* r = sh.live(ptr);
+    if (r == nullptr) {
+      if (sh.freed_lately(ptr)) {
         return fail(DEVRT_ERROR_DOUBLE_FREE,
                     fmt::format("{}: {} was freed already (device {}); free each pointer once", what, ptr, device));
       }
@@ -366,12 +457,12 @@ int do_free(void* ptr, int device, mem::stream stream, const char* what) {
                               "that gave it out",
                               what, ptr, device));
     }
-    if (it->second.device != device) {
+    if (r->e.device != device) {
       return fail(DEVRT_ERROR_INVALID_DEVICE,
                   fmt::format("{}: {} belongs to device {}, not to device {}; free it on its own device", what, ptr,
-                              it->second.device, device));
+                              r->e.device, device));
     }
-    if (stream.id() != it->second.stream) held = it->second.handle;
+    if (stream.id() != r->e.stream) held = r->e.handle;
   }
   if (held) {
     // Freed on another stream than the one it was allocated for: that stream's work must pass
@@ -393,15 +484,13 @@ int do_free(void* ptr, int device, mem::stream stream, const char* what) {
   {
     shard& sh = table().of(ptr);
     const std::lock_guard<std::mutex> g(sh.lock);
-    auto it = sh.live.find(ptr);
-    if (it == sh.live.end()) {
+    shard::record* r = sh.live(ptr);
+    if (r == nullptr) {
       return fail(DEVRT_ERROR_DOUBLE_FREE,
                   fmt::format("{}: {} was freed by another thread meanwhile (device {}); free each pointer once", what,
                               ptr, device));
     }
-    e = std::move(it->second);
-    sh.live.erase(it);
-    sh.remember_freed(ptr);
+    e = sh.take(*r);
   }
   e.handle.reset();  // the free: in stream order on its stream (and the one recorded above)
   return DEVRT_SUCCESS;
@@ -415,13 +504,13 @@ int do_record_stream(void* ptr, mem::stream stream, const char* what) {
   {
     shard& sh = table().of(ptr);
     const std::lock_guard<std::mutex> g(sh.lock);
-    auto it = sh.live.find(ptr);
-    if (it == sh.live.end()) {
+    const shard::record* r = sh.live(ptr);
+    if (r == nullptr) {
       return fail(DEVRT_ERROR_UNKNOWN_POINTER,
                   fmt::format("{}: {} is not memory devrt_malloc gave out and that is still live", what, ptr));
     }
-    h = it->second.handle;
-    device = it->second.device;
+    h = r->e.handle;
+    device = r->e.device;
   }
   device_ctx* d = s->device(device, what);
   if (d == nullptr) return DEVRT_ERROR_INVALID_DEVICE;
@@ -592,13 +681,13 @@ int devrt_allocation_size(void* ptr, size_t* size) {
     if (size == nullptr) return fail(DEVRT_ERROR_INVALID_VALUE, "devrt_allocation_size: the out-pointer is NULL");
     shard& sh = table().of(ptr);
     const std::lock_guard<std::mutex> g(sh.lock);
-    auto it = sh.live.find(ptr);
-    if (it == sh.live.end()) {
+    const shard::record* r = sh.live(ptr);
+    if (r == nullptr) {
       return fail(
           DEVRT_ERROR_UNKNOWN_POINTER,
           fmt::format("devrt_allocation_size: {} is not memory devrt_malloc gave out and that is still live", ptr));
     }
-    *size = static_cast<size_t>(it->second.handle.size());
+    *size = static_cast<size_t>(r->e.handle.size());
     return static_cast<int>(DEVRT_SUCCESS);
   });
 }

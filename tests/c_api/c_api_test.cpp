@@ -6,6 +6,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
@@ -397,6 +398,46 @@ TEST_F(CApi, ZeroSizeAllocationsHaveUniquePointers) {
   for (void* p : ps) EXPECT_EQ(devrt_free(p, host, nullptr), DEVRT_SUCCESS) << last();
   EXPECT_EQ(devrt_free(real, host, nullptr), DEVRT_SUCCESS);
   EXPECT_EQ(stats().live_allocations, 0U);
+}
+
+// The pointer table under churn: thousands of pointers stay live while hundreds of thousands are
+// allocated and freed around them (enough for every shard to forget its oldest frees), and each
+// live one is still found, each recent free is still told as a double free.
+TEST_F(CApi, LivePointersStayFoundWhileHundredsOfThousandsComeAndGo) {
+  std::mt19937_64 rng(7);
+  std::vector<void*> kept;
+  for (int i = 0; i < 5000; ++i) {
+    void* p = nullptr;
+    const std::size_t size = 64 + (rng() % 8) * 64;
+    ASSERT_EQ(devrt_malloc(&p, size, host, nullptr), DEVRT_SUCCESS) << last();
+    kept.push_back(p);
+  }
+  std::vector<void*> window(64, nullptr);
+  for (int i = 0; i < 300000; ++i) {
+    void*& slot = window[rng() % window.size()];
+    if (slot != nullptr) {
+      ASSERT_EQ(devrt_free(slot, host, nullptr), DEVRT_SUCCESS) << last();
+    }
+    ASSERT_EQ(devrt_malloc(&slot, 64 + (rng() % 16) * 32, host, nullptr), DEVRT_SUCCESS) << last();
+  }
+  for (void*& p : window) {
+    ASSERT_EQ(devrt_free(p, host, nullptr), DEVRT_SUCCESS) << last();
+    EXPECT_EQ(devrt_free(p, host, nullptr), DEVRT_ERROR_DOUBLE_FREE) << pointer_text(p);
+  }
+  std::shuffle(kept.begin(), kept.end(), rng);
+  for (void* p : kept) {
+    std::size_t size = 0;
+    ASSERT_EQ(devrt_allocation_size(p, &size), DEVRT_SUCCESS) << pointer_text(p) << ": " << last();
+    EXPECT_GE(size, 64U);
+    ASSERT_EQ(devrt_free(p, host, nullptr), DEVRT_SUCCESS) << pointer_text(p) << ": " << last();
+  }
+  for (void* p : kept) {
+    EXPECT_EQ(devrt_free(p, host, nullptr), DEVRT_ERROR_DOUBLE_FREE) << pointer_text(p);
+    std::size_t size = 0;
+    EXPECT_EQ(devrt_allocation_size(p, &size), DEVRT_ERROR_UNKNOWN_POINTER) << pointer_text(p);
+  }
+  EXPECT_EQ(stats().live_allocations, 0U);
+  expect_allocation_works();
 }
 
 TEST_F(CApi, StreamsOnTheHostAreAcceptedAndFreesMayNameAnotherStream) {

@@ -1,5 +1,6 @@
 // The default completion of the compute client: a future that polls for a few microseconds
-// before it sleeps, with one allocation and no lock per operation.
+// before it sleeps, with no lock per operation, and no allocation once warm (its state comes from a
+// few blocks each thread keeps).
 //
 // A memory message is served in well under a microsecond once the device thread has it, while a
 // thread asleep in the kernel takes several microseconds to be woken (more on servers whose idle
@@ -66,6 +67,76 @@ void futex_wake_all(std::atomic<std::uint32_t>& word) noexcept;
 
 struct no_value {};
 
+/// The blocks of one size kept for future states, so that the futures allocate nothing once warm.
+/// A state is taken from the cache of the thread that makes it and goes back to that of the
+/// thread that drops it last; when a thread's cache is full (a device thread that completes
+/// other threads' futures), the block goes to a shared reserve, from which a thread whose cache
+/// is empty takes before it allocates. The thread caches are plain thread-local data (never
+/// destroyed); a guard frees a cache's blocks when its thread ends, and a state dropped after
+/// that goes to the reserve or is freed.
+template <std::size_t Size>
+class state_blocks {
+ public:
+  static void* take() {
+    slots& c = cache;
+    if (c.count > 0) return c.block[--c.count];
+    if (void* p = shared.pop()) return p;
+    return ::operator new(Size);
+  }
+  static void give(void* p) noexcept {
+    slots& c = cache;
+    if (c.count >= 0 && c.count < kept) {
+      if (c.count == 0) guard.arm();  // so that the blocks go when the thread ends
+      c.block[c.count++] = p;
+      return;
+    }
+    if (!shared.push(p)) ::operator delete(p);
+  }
+
+ private:
+  static constexpr int kept = 8;
+  struct slots {
+    void* block[kept];
+    int count;  // -1 once the thread's guard ran: keep nothing more
+  };
+  struct reaper {
+    bool armed = false;
+    void arm() noexcept { armed = true; }  // touching it registers the destructor
+    ~reaper() {
+      slots& c = cache;
+      for (int i = 0; i < c.count; ++i) ::operator delete(c.block[i]);
+      c.count = -1;
+    }
+  };
+  /// The shared reserve: at most `capacity` blocks under a spin lock held for a push or a pop.
+  /// Never destroyed (states may be dropped during static destruction); what it holds at exit
+  /// stays allocated, as reachable memory.
+  struct reserve {
+    static constexpr int capacity = 256;
+    std::atomic_flag lock = ATOMIC_FLAG_INIT;
+    int count = 0;
+    void* block[capacity];
+    void* pop() noexcept {
+      while (lock.test_and_set(std::memory_order_acquire)) {
+      }
+      void* p = count > 0 ? block[--count] : nullptr;
+      lock.clear(std::memory_order_release);
+      return p;
+    }
+    bool push(void* p) noexcept {
+      while (lock.test_and_set(std::memory_order_acquire)) {
+      }
+      const bool kept_it = count < capacity;
+      if (kept_it) block[count++] = p;
+      lock.clear(std::memory_order_release);
+      return kept_it;
+    }
+  };
+  static inline thread_local constinit slots cache{{}, 0};
+  static inline thread_local reaper guard;
+  static inline constinit reserve shared{};
+};
+
 /// The state a future shares with its completion handler.
 template <class T>
 class future_state {
@@ -75,6 +146,13 @@ class future_state {
   static constexpr std::uint32_t forward = 4;  // the outcome goes to `promise` (converted)
 
   std::atomic<std::uint32_t> status{0};
+
+  static void* operator new(std::size_t n) {
+    static_assert(alignof(future_state) <= __STDCPP_DEFAULT_NEW_ALIGNMENT__);
+    (void)n;  // always sizeof(future_state)
+    return state_blocks<sizeof(future_state)>::take();
+  }
+  static void operator delete(void* p) noexcept { state_blocks<sizeof(future_state)>::give(p); }
 
   /// Writes the outcome (the value only on success) and publishes it.
   template <class... V>
