@@ -70,17 +70,17 @@ struct no_value {};
 /// The blocks of one size kept for future states, so that the futures allocate nothing once warm.
 /// A state is taken from the cache of the thread that makes it and goes back to that of the
 /// thread that drops it last; when a thread's cache is full (a device thread that completes
-/// other threads' futures), the block goes to a shared reserve, from which a thread whose cache
-/// is empty takes before it allocates. The thread caches are plain thread-local data (never
+/// other threads' futures), the block goes to a shared stock of spares, from which a thread whose
+/// cache is empty takes before it allocates. The thread caches are plain thread-local data (never
 /// destroyed); a guard frees a cache's blocks when its thread ends, and a state dropped after
-/// that goes to the reserve or is freed.
+/// that goes to the spares or is freed.
 template <std::size_t Size>
 class state_blocks {
  public:
   static void* take() {
     slots& c = cache;
     if (c.count > 0) return c.block[--c.count];
-    if (void* p = shared.pop()) return p;
+    if (void* p = spares.pop()) return p;
     return ::operator new(Size);
   }
   static void give(void* p) noexcept {
@@ -90,7 +90,7 @@ class state_blocks {
       c.block[c.count++] = p;
       return;
     }
-    if (!shared.push(p)) ::operator delete(p);
+    if (!spares.push(p)) ::operator delete(p);
   }
 
  private:
@@ -108,10 +108,10 @@ class state_blocks {
       c.count = -1;
     }
   };
-  /// The shared reserve: at most `capacity` blocks under a spin lock held for a push or a pop.
+  /// The shared spares: at most `capacity` blocks under a spin lock held for a push or a pop.
   /// Never destroyed (states may be dropped during static destruction); what it holds at exit
   /// stays allocated, as reachable memory.
-  struct reserve {
+  struct spare_blocks {
     static constexpr int capacity = 256;
     std::atomic_flag lock = ATOMIC_FLAG_INIT;
     int count = 0;
@@ -134,7 +134,7 @@ class state_blocks {
   };
   static inline thread_local constinit slots cache{{}, 0};
   static inline thread_local reaper guard;
-  static inline constinit reserve shared{};
+  static inline constinit spare_blocks spares{};
 };
 
 /// The state a future shares with its completion handler.
