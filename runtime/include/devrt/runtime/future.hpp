@@ -35,6 +35,7 @@
 #include <cstdint>
 #include <future>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <type_traits>
 #include <utility>
@@ -113,23 +114,18 @@ class state_blocks {
   /// stays allocated, as reachable memory.
   struct spare_blocks {
     static constexpr int capacity = 256;
-    std::atomic_flag lock = ATOMIC_FLAG_INIT;
+    spin_lock lock;
     int count = 0;
     void* block[capacity];
     void* pop() noexcept {
-      while (lock.test_and_set(std::memory_order_acquire)) {
-      }
-      void* p = count > 0 ? block[--count] : nullptr;
-      lock.clear(std::memory_order_release);
-      return p;
+      const std::lock_guard<spin_lock> g(lock);
+      return count > 0 ? block[--count] : nullptr;
     }
     bool push(void* p) noexcept {
-      while (lock.test_and_set(std::memory_order_acquire)) {
-      }
-      const bool kept_it = count < capacity;
-      if (kept_it) block[count++] = p;
-      lock.clear(std::memory_order_release);
-      return kept_it;
+      const std::lock_guard<spin_lock> g(lock);
+      if (count == capacity) return false;
+      block[count++] = p;
+      return true;
     }
   };
   static inline thread_local constinit slots cache{{}, 0};
