@@ -522,13 +522,18 @@ result<memory::stream_identity> cuda_storage::identify(memory::stream_id s) {
     err.code = errc::invalid_argument;
     return err;
   }
-  int dev = device_;
-  if (const cudaError_t e = cudaStreamGetDevice(stream, &dev); e != cudaSuccess) {
-    error err = cuda_error(e, "cudaStreamGetDevice failed");
-    err.code = errc::invalid_argument;
-    return err;
+  const auto uid = static_cast<std::uint64_t>(id);
+  known_stream& known = known_streams_[(uid * 0x9E3779B97F4A7C15ULL) >> 58];
+  if (known.uid != uid || uid == 0) {
+    int dev = device_;
+    if (const cudaError_t e = cudaStreamGetDevice(stream, &dev); e != cudaSuccess) {
+      error err = cuda_error(e, "cudaStreamGetDevice failed");
+      err.code = errc::invalid_argument;
+      return err;
+    }
+    known = known_stream{uid, dev};
   }
-  return memory::stream_identity{static_cast<std::uint64_t>(id), dev, dev != device_};
+  return memory::stream_identity{uid, known.device, known.device != device_};
 }
 
 result<std::unique_ptr<memory::free_fence>> cuda_storage::make_free_fence(memory::stream_id s,

@@ -133,7 +133,8 @@ class cuda_storage {
   result<void> wait_event(memory::event t);
   result<void> stream_wait_event(memory::stream_id q, memory::event t);
   void release_event(memory::event t) noexcept;
-  /// cudaStreamGetId and cudaStreamGetDevice of a native stream. Error invalid_argument.
+  /// cudaStreamGetId and cudaStreamGetDevice of a native stream (the device asked once per stream
+  /// id: ids are never reused). Error invalid_argument.
   result<memory::stream_identity> identify(memory::stream_id s);
   /// Free-time fences of a native stream, with events of the stream's device.
   result<std::unique_ptr<memory::free_fence>> make_free_fence(memory::stream_id s, const memory::stream_identity& id);
@@ -251,6 +252,13 @@ class cuda_storage {
   std::unique_ptr<vmm> vmm_;
   std::vector<memory::stream_id> return_after_;  // streams returns wait for besides the device's own
   std::uint64_t gpu_waits_ = 0;
+  // The devices of streams identified lately, by stream id (direct-mapped; a reserve on a client's
+  // stream identifies it every time, and its device never changes). uid 0: an empty entry.
+  struct known_stream {
+    std::uint64_t uid = 0;
+    int device = 0;
+  };
+  std::array<known_stream, 64> known_streams_{};
   std::vector<int> peers_;  // devices given access to this device's memory (set_peer_access)
 };
 
