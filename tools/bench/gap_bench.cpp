@@ -5,10 +5,11 @@
 //
 //   devrt_bench_gap [--api c|cpp] [--device host|cuda] [--gaps 0,5,20,100,1000] [--calls N]
 //                   [--size BYTES] [--rounds N] [--idle-ms MS] [--check-ratio R] [--check-p99 US]
-//                   [--stream null|device]
+//                   [--stream null|legacy|device] [--stats]
 //
 // --api c: devrt_malloc + devrt_free through libdevrt_c (device -1 or 0; stream NULL, CUDA's legacy
-// stream, or with --stream device DEVRT_STREAM_DEVICE, devrt's own); --api cpp:
+// stream, DEVRT_STREAM_LEGACY with --stream legacy, or with --stream device DEVRT_STREAM_DEVICE,
+// devrt's own); --stats: the device's statistics afterwards (streams, fences, maps); --api cpp:
 // compute_client::reserve(size).get() and the handle's drop; --api none: the machine alone (a lock and
 // a small new/delete instead of the pair), to tell the machine's own slow-down after a gap from devrt's. Prints one
 // line per gap: p50, p90, p99 and the ratio of p50 to the tight loop's (the first gap's). --rounds N measures every gap
@@ -85,8 +86,18 @@ int main(int argc, char** argv) {
   int idle_ms = 0;
   double check_ratio = 0;
   double check_p99 = 0;
-  for (int i = 1; i + 1 < argc; i += 2) {
+  bool stats = false;
+  for (int i = 1; i < argc; i += 2) {
     const std::string k = argv[i];
+    if (k == "--stats") {
+      stats = true;
+      --i;
+      continue;
+    }
+    if (i + 1 >= argc) {
+      std::fprintf(stderr, "%s needs a value\n", k.c_str());
+      return 2;
+    }
     if (k == "--api") {
       api = argv[i + 1];
     } else if (k == "--device") {
@@ -99,11 +110,11 @@ int main(int argc, char** argv) {
       size = std::strtoull(argv[i + 1], nullptr, 10);
     } else if (k == "--stream") {
       const std::string v = argv[i + 1];
-      if (v != "null" && v != "device") {
-        std::fprintf(stderr, "--stream is null or device\n");
+      if (v != "null" && v != "legacy" && v != "device") {
+        std::fprintf(stderr, "--stream is null, legacy or device\n");
         return 2;
       }
-      c_stream = v == "device" ? DEVRT_STREAM_DEVICE : nullptr;
+      c_stream = v == "device" ? DEVRT_STREAM_DEVICE : v == "legacy" ? DEVRT_STREAM_LEGACY : nullptr;
     } else if (k == "--rounds") {
       rounds = std::max(1, std::atoi(argv[i + 1]));
     } else if (k == "--idle-ms") {
@@ -200,6 +211,15 @@ int main(int argc, char** argv) {
     const double used = cpu_seconds() - before;
     std::printf("idle: %.3f ms of CPU in %.0f ms asleep (%.3f%% of a core)\n", used * 1e3, wall * 1e3,
                 100.0 * used / wall);
+  }
+  if (stats && api == "c") {
+    devrt_stats st{};
+    if (devrt_get_stats(dev, &st) == DEVRT_SUCCESS) {
+      std::printf("stats: %llu allocations, %llu streams, %llu fences, %llu stream waits, %llu maps, %llu unmaps\n",
+                  static_cast<unsigned long long>(st.allocations), static_cast<unsigned long long>(st.streams),
+                  static_cast<unsigned long long>(st.fences), static_cast<unsigned long long>(st.stream_waits),
+                  static_cast<unsigned long long>(st.maps), static_cast<unsigned long long>(st.unmaps));
+    }
   }
   devrt_shutdown();
   return failed ? 1 : 0;
