@@ -15,7 +15,7 @@ cmake --preset release -DCMAKE_CUDA_ARCHITECTURES=90 >/dev/null
 cmake --build --preset release -j "$(nproc)"
 rm -rf .gpu && mkdir -p .gpu/bin .gpu/lib .gpu/traces
 bins=(tests/devrt_cuda_tests tests/devrt_cuda_c_tests examples/devrt_inference_server examples/devrt_graph_capture
-      examples/devrt_model_reload tools/devrt-replay tools/devrt-soak tools/devrt_bench_streams tools/devrt_bench_actor tools/devrt_bench_events tools/devrt_bench_gap tools/devrt_bench_pinned)
+      examples/devrt_model_reload tools/devrt-replay tools/devrt-soak tools/devrt_bench_streams tools/devrt_bench_actor tools/devrt_bench_events tools/devrt_bench_gap tools/devrt_bench_pinned tools/devrt_bench_vmm_gpu)
 for b in "${bins[@]}"; do
   f=build/release/$b
   [ -x "$f" ] || { echo "pack: $f was not built" >&2; continue; }
