@@ -15,28 +15,11 @@
 #include <thread>
 #include <vector>
 
+#include "vmm_api.hpp"
+
 namespace {
 
-struct api {
-  decltype(&cuMemAddressReserve) reserve = nullptr;
-  decltype(&cuMemAddressFree) address_free = nullptr;
-  decltype(&cuMemCreate) create = nullptr;
-  decltype(&cuMemRelease) release = nullptr;
-  decltype(&cuMemMap) map = nullptr;
-  decltype(&cuMemUnmap) unmap = nullptr;
-  decltype(&cuMemSetAccess) access = nullptr;
-};
-
-template <class F>
-bool load(const char* name, F& fn) {
-  void* p = nullptr;
-  cudaDriverEntryPointQueryResult q{};
-  if (cudaGetDriverEntryPointByVersion(name, &p, 12000, cudaEnableDefault, &q) != cudaSuccess || p == nullptr) {
-    return false;
-  }
-  fn = reinterpret_cast<F>(p);
-  return true;
-}
+using api = devrt::bench::vmm_api;
 
 double micros_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
@@ -58,9 +41,7 @@ int main(int argc, char** argv) {
     return 1;
   }
   api a;
-  if (!load("cuMemAddressReserve", a.reserve) || !load("cuMemAddressFree", a.address_free) ||
-      !load("cuMemCreate", a.create) || !load("cuMemRelease", a.release) || !load("cuMemMap", a.map) ||
-      !load("cuMemUnmap", a.unmap) || !load("cuMemSetAccess", a.access)) {
+  if (!a.load()) {
     std::fprintf(stderr, "devrt_bench_vmm: the driver's virtual memory functions are missing\n");
     return 1;
   }
