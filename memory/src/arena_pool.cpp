@@ -315,6 +315,9 @@ result<detail::descriptor*> arena_pool::alloc(pool_context& ctx, std::uint64_t s
     if (auto r = reserve_range(ctx); !r) return std::move(r).err();
   }
   const std::uint64_t extent = slice_extent(size, alignment_);
+  // Set once the device refused a placement that another would beat: the next one goes where the
+  // slice adds the fewest granules.
+  bool frugal = false;
   for (bool harvested = false;; harvested = true) {
     std::uint32_t found = best_fit(extent, ctx.reserve_tag);
     if (found == npos) {
@@ -330,16 +333,34 @@ result<detail::descriptor*> arena_pool::alloc(pool_context& ctx, std::uint64_t s
       // Freed on this very stream: stream order makes it safe at once, and its memory is mapped.
       return take(ctx, found, extent, size);
     }
-    const std::uint64_t first = granule_of(slots_[found].offset);
-    const std::uint64_t last = granule_of(slots_[found].offset + extent - 1);
+    std::uint64_t at = slots_[found].offset;  // the slice's first byte: the front of the free slice
+    std::uint64_t first = granule_of(at);
+    std::uint64_t last = granule_of(at + extent - 1);
     cover_granules(last + 1);
-    const std::uint64_t missing = count_missing(first, last);
-    const slice_node& s = slots_[found];
+    std::uint64_t missing = count_missing(first, last);
     // Every granule mapped (the steady state): take() counts the slice on its mappings.
     if (missing == 0) return take(ctx, found, extent, size);
     // New memory would be mapped: first let memory freed on any stream join the free space if
     // its fence has passed (queried, never waited for), and look again.
     if (!harvested && reuse_fenced(ctx)) continue;
+    const std::uint64_t cap = limit_granules(ctx);
+    // Where the best fit would take the memory held past the limit even with every other free
+    // mapping unmapped, or the device refused its memory, the slice goes where it adds the fewest
+    // granules: often mapped free memory that the best fit passed over for a smaller hole.
+    if (frugal || (cap != no_limit && mapped_ - free_mapped_ + placement_cost(at, extent) > cap)) {
+      const placement p = frugal_fit(extent);
+      if (p.slot != npos && p.cost < placement_cost(at, extent)) {
+        found = p.slot;
+        at = p.offset;
+        first = granule_of(at);
+        last = granule_of(at + extent - 1);
+        cover_granules(last + 1);
+        missing = count_missing(first, last);
+        if (missing == 0)
+          return at == slots_[found].offset ? take(ctx, found, extent, size) : take_back(ctx, found, extent, size);
+      }
+    }
+    const slice_node& s = slots_[found];
     // Free mappings under the slice leave the free list: they are about to be used, and must not
     // be the ones unmapped to make room.
     for (std::uint64_t g = first; g <= last;) {
@@ -357,13 +378,12 @@ result<detail::descriptor*> arena_pool::alloc(pool_context& ctx, std::uint64_t s
     if (missing > 0) {
       // The last granule gets a mapping of its own when the slice ends inside it: a neighbour
       // placed after the slice may share it, and must not keep the slice's other granules mapped.
-      const std::uint64_t slice_end = s.offset + extent;
+      const std::uint64_t slice_end = at + extent;
       bool shared_tail = (granule_shift_ != 0 ? slice_end & (granule_ - 1) : slice_end % granule_) != 0;
       std::uint64_t map_last = last;
       std::uint64_t cut = chunk_;
       // Under a memory limit, free mappings give way first (largest first) so that the new ones
       // fit; what the other pools hold counts too.
-      const std::uint64_t cap = limit_granules(ctx);
       if (cap != no_limit) evict_to(ctx, cap > missing ? cap - missing : 0);
       if (grow_ == 0) {
         evict(ctx, missing);
@@ -428,12 +448,58 @@ result<detail::descriptor*> arena_pool::alloc(pool_context& ctx, std::uint64_t s
           if (mappings_[m].used == 0 && !mappings_[m].listed) push_free(m);
           g = mappings_[m].first + mappings_[m].count;
         }
+        // Refused: once more if a placement elsewhere adds fewer granules.
+        if (!frugal && r.code() == errc::out_of_memory) {
+          const placement p = frugal_fit(extent);
+          if (p.slot != npos && p.cost < placement_cost(at, extent)) {
+            frugal = true;
+            continue;
+          }
+        }
         if (opts_.slack) trim(ctx, *opts_.slack);
         return std::move(r).err();
       }
     }
-    return take(ctx, found, extent, size);
+    return at == slots_[found].offset ? take(ctx, found, extent, size) : take_back(ctx, found, extent, size);
   }
+}
+
+std::uint64_t arena_pool::placement_cost(std::uint64_t offset, std::uint64_t extent) const noexcept {
+  const std::uint64_t last = granule_of(offset + extent - 1);
+  std::uint64_t cost = 0;
+  for (std::uint64_t g = granule_of(offset); g <= last;) {
+    if (g >= granules_.size()) return cost + (last - g + 1);  // never mapped
+    const std::uint32_t m = granules_[g].mapping;
+    if (m == npos || mappings_[m].ghost) {
+      ++cost;
+      ++g;
+      continue;
+    }
+    if (mappings_[m].listed) cost += mappings_[m].count;  // free: it could have been unmapped
+    g = mappings_[m].first + mappings_[m].count;
+  }
+  return cost;
+}
+
+arena_pool::placement arena_pool::frugal_fit(std::uint64_t extent) const noexcept {
+  placement best;
+  std::uint64_t best_extent = 0;
+  for (std::uint32_t k = 0; k < slots_.size(); ++k) {
+    const slice_node& s = slots_[k];
+    if (!s.in_use_slot || !s.free || !s.indexed || s.tag != 0 || s.extent < extent) continue;
+    const auto consider = [&](std::uint64_t offset) {
+      const std::uint64_t cost = placement_cost(offset, extent);
+      if (best.slot == npos || cost < best.cost || (cost == best.cost && s.extent < best_extent)) {
+        best = placement{k, offset, cost};
+        best_extent = s.extent;
+      }
+    };
+    consider(s.offset);
+    // The back: where a live neighbour after the slice holds the granule it ends in. Not at the
+    // arena's free end, which runs to the end of the range.
+    if (s.extent > extent && k != tail_) consider(s.offset + s.extent - extent);
+  }
+  return best;
 }
 
 inline void arena_pool::resize_free(std::uint32_t slot, std::uint64_t extent) {
@@ -486,6 +552,20 @@ detail::descriptor* arena_pool::take(pool_context& ctx, std::uint32_t self, std:
     --tagged_;  // the live part leaves; the remainder (if any) was counted by tag_insert_after
     if (rest_slot != npos) use_mappings(slots_[rest_slot]);
   }
+  return place(ctx, self, size);
+}
+
+detail::descriptor* arena_pool::take_back(pool_context& ctx, std::uint32_t hole, std::uint64_t extent,
+                                          std::uint64_t size) {
+  // The free slice keeps its node and its front (and its place in the index unless its size
+  // class changes); the live slice gets a new node after it.
+  const std::uint32_t self = new_slot();  // may grow the table: references are taken after it
+  slice_links::link_after(slots_, hole, self);
+  slice_node& h = slots_[hole];
+  slice_node& cut = slots_[self];
+  cut.offset = h.offset + h.extent - extent;
+  cut.extent = extent;
+  resize_free(hole, h.extent - extent);
   return place(ctx, self, size);
 }
 

@@ -1211,4 +1211,92 @@ TEST(ArenaPool, ARefusedSecondMappingReportsWhatIsHeldAfterTheRollback) {
   env.check();
 }
 
+// ---- Near the memory limit: where a slice adds the fewest granules ----
+
+// Holes for the tests below (layout "arena:space=256MiB,grow=0"), in MiB: [0,2) free and
+// unmapped; a guard at [2,4); L at [4,5); [5,11) free, its granules 3 and 4 unmapped, granules 2
+// and 5 mapped and pinned by L and R; R at [11,12); a guard at [12,14). 8 MiB mapped, none free.
+struct pinned_holes {
+  memory_handle guard1, left, right, guard2;
+  explicit pinned_holes(arena_env& env) {
+    auto x = env.reserve(2 * MiB);
+    guard1 = env.reserve(2 * MiB);
+    left = env.reserve(1 * MiB);
+    auto h = env.reserve(6 * MiB);
+    right = env.reserve(1 * MiB);
+    guard2 = env.reserve(2 * MiB);
+    EXPECT_EQ(env.offset(h), 5 * MiB);
+    EXPECT_EQ(env.offset(right), 11 * MiB);
+    x.reset();
+    h.reset();
+    EXPECT_TRUE(env.m->cleanup(true));
+    EXPECT_EQ(env.reserved(), 8 * MiB) << "granules 1, 2, 5 and 6";
+    env.check();
+  }
+};
+
+TEST(ArenaPool, AtTheLimitASliceTakesMappedFreeMemoryTheBestFitPassedOver) {
+  arena_env env("arena:space=256MiB,grow=0");
+  pinned_holes holes(env);
+  ASSERT_TRUE(env.m->set_memory_limit(8 * MiB));
+  const std::uint64_t maps = env.stats().maps;
+
+  // The best fit, [0,2), would map a granule past the limit; the front of [5,11) lies in granule 2.
+  auto a = env.reserve(1 * MiB);
+  EXPECT_EQ(env.offset(a), 5 * MiB);
+  // The front of what is left, [6,11), would map granule 3; its back lies in granule 5.
+  auto b = env.reserve(1 * MiB);
+  EXPECT_EQ(env.offset(b), 10 * MiB);
+  EXPECT_EQ(env.stats().maps, maps) << "both in memory already mapped";
+  EXPECT_EQ(env.reserved(), 8 * MiB);
+  env.check();
+
+  // No placement is left that maps nothing: refused at the limit, and nothing is lost.
+  auto c = env.m->reserve(1 * MiB);
+  ASSERT_FALSE(c);
+  EXPECT_EQ(c.code(), errc::out_of_memory);
+  EXPECT_NE(c.err().message().find("memory limit"), std::string::npos) << c.err().message();
+  EXPECT_EQ(env.reserved(), 8 * MiB);
+  EXPECT_EQ(env.m->usage().number_allocs, 6u);
+  env.check();
+
+  // The back slice frees into its hole, which merges whole again.
+  b.reset();
+  a.reset();
+  holes.right.reset();
+  holes.left.reset();
+  env.check();
+  ASSERT_TRUE(env.m->set_memory_limit(0));
+  auto whole = env.reserve(8 * MiB);
+  EXPECT_EQ(env.offset(whole), 4 * MiB) << "[4,12) is one hole again";
+  env.check();
+}
+
+TEST(ArenaPool, ARefusedMapIsTriedOnceMoreWhereTheSliceAddsFewerGranules) {
+  // No limit: the device refuses the map of the best fit, [0,2).
+  arena_env env("arena:space=256MiB,grow=0");
+  pinned_holes holes(env);
+  const memory_statistics before = env.stats();
+  env.sim->fail_allocation(1);
+  auto a = env.reserve(1 * MiB);
+  EXPECT_EQ(env.offset(a), 5 * MiB) << "refused at [0,2), served in granule 2";
+  EXPECT_EQ(env.stats().maps, before.maps);
+  EXPECT_EQ(env.stats().out_of_memory, before.out_of_memory + 1);
+  EXPECT_EQ(env.stats().failed_reserves, before.failed_reserves);
+  env.check();
+
+  // Where every placement needs new memory, a refusal stands: the same map is not tried twice.
+  env.sim->fail_allocation(1);
+  auto big = env.m->reserve(4 * MiB);
+  ASSERT_FALSE(big);
+  EXPECT_EQ(big.code(), errc::out_of_memory);
+  EXPECT_EQ(env.stats().out_of_memory, before.out_of_memory + 2);
+  EXPECT_EQ(env.reserved(), 8 * MiB);
+  env.check();
+  auto retry = env.reserve(4 * MiB);
+  EXPECT_EQ(env.offset(retry), 6 * MiB);
+  EXPECT_EQ(env.reserved(), 12 * MiB) << "granules 3 and 4 mapped again";
+  env.check();
+}
+
 }  // namespace

@@ -222,6 +222,22 @@ class arena_pool {
   /// Takes `extent` bytes of the free slice `slot` (tagged or not) for a new live slice; returns
   /// its descriptor.
   detail::descriptor* take(pool_context& ctx, std::uint32_t slot, std::uint64_t extent, std::uint64_t size);
+  /// Takes the last `extent` bytes of the free slice `slot`, free for all and not the arena's
+  /// free end, for a new live slice; returns its descriptor.
+  detail::descriptor* take_back(pool_context& ctx, std::uint32_t slot, std::uint64_t extent, std::uint64_t size);
+  /// Where a slice would add the fewest granules to the memory the arena must hold: granules to
+  /// map, and free mappings it would keep from being unmapped (each with all its granules).
+  struct placement {
+    std::uint32_t slot = npos;  // a free slice free for all
+    std::uint64_t offset = 0;   // its first byte (the front) or its last `extent` bytes (the back)
+    std::uint64_t cost = 0;     // granules
+  };
+  /// The granules a slice of `extent` bytes at `offset` adds (see placement).
+  [[nodiscard]] std::uint64_t placement_cost(std::uint64_t offset, std::uint64_t extent) const noexcept;
+  /// Near the memory limit: the cheapest placement of `extent` bytes at the front or the back of
+  /// a free slice free for all, the smaller slice among equals (a scan over the slices: this runs
+  /// only where the best fit would pass the limit or the device refused its memory).
+  [[nodiscard]] placement frugal_fit(std::uint64_t extent) const noexcept;
   /// Gives the new live slice `self` its descriptor and counts it.
   detail::descriptor* place(pool_context& ctx, std::uint32_t self, std::uint64_t size);
   /// Frees the untagged slot `slot` (not in an index) into the index, merged with its untagged
