@@ -97,6 +97,7 @@ std::uint64_t sim_storage::mapped_bytes() const noexcept { return vmm_->mapped_b
 std::size_t sim_storage::range_count() const noexcept { return vmm_->range_count(); }
 std::uint64_t sim_storage::misuses() const noexcept { return misuses_ + vmm_->misuses(); }
 std::size_t sim_storage::kept_allocations() const noexcept { return vmm_->kept_allocations(); }
+std::uint64_t sim_storage::kept_bytes() const noexcept { return vmm_->kept_bytes(); }
 std::uint64_t sim_storage::reused_allocations() const noexcept { return vmm_->reused_allocations(); }
 
 result<memory::event> sim_storage::behind_device() {

@@ -344,10 +344,11 @@ result<detail::descriptor*> arena_pool::alloc(pool_context& ctx, std::uint64_t s
     // its fence has passed (queried, never waited for), and look again.
     if (!harvested && reuse_fenced(ctx)) continue;
     const std::uint64_t cap = limit_granules(ctx);
-    // Where the best fit would take the memory held past the limit even with every other free
-    // mapping unmapped, or the device refused its memory, the slice goes where it adds the fewest
-    // granules: often mapped free memory that the best fit passed over for a smaller hole.
-    if (frugal || (cap != no_limit && mapped_ - free_mapped_ + placement_cost(at, extent) > cap)) {
+    // Under a memory limit and near it, or once the device refused memory, the slice goes where
+    // it adds the fewest granules (often mapped free memory that the best fit passed over for a
+    // smaller hole): each granule it spares is one the limit keeps for later reserves, and one map
+    // fewer. Far from the budget the best fit keeps the holes few.
+    if (frugal || (cap != no_limit && !ctx.roomy(missing * granule_))) {
       const placement p = frugal_fit(extent);
       if (p.slot != npos && p.cost < placement_cost(at, extent)) {
         found = p.slot;
@@ -484,9 +485,9 @@ std::uint64_t arena_pool::placement_cost(std::uint64_t offset, std::uint64_t ext
 arena_pool::placement arena_pool::frugal_fit(std::uint64_t extent) const noexcept {
   placement best;
   std::uint64_t best_extent = 0;
-  for (std::uint32_t k = 0; k < slots_.size(); ++k) {
+  untagged_.for_each_from(slots_, extent, [&](std::uint32_t k) {
     const slice_node& s = slots_[k];
-    if (!s.in_use_slot || !s.free || !s.indexed || s.tag != 0 || s.extent < extent) continue;
+    if (s.extent < extent) return;
     const auto consider = [&](std::uint64_t offset) {
       const std::uint64_t cost = placement_cost(offset, extent);
       if (best.slot == npos || cost < best.cost || (cost == best.cost && s.extent < best_extent)) {
@@ -498,7 +499,7 @@ arena_pool::placement arena_pool::frugal_fit(std::uint64_t extent) const noexcep
     // The back: where a live neighbour after the slice holds the granule it ends in. Not at the
     // arena's free end, which runs to the end of the range.
     if (s.extent > extent && k != tail_) consider(s.offset + s.extent - extent);
-  }
+  });
   return best;
 }
 

@@ -215,8 +215,10 @@ class sim_storage {
   [[nodiscard]] std::size_t range_count() const noexcept;
   /// Calls that broke the contract (unmapping what is not mapped, unknown ranges).
   [[nodiscard]] std::uint64_t misuses() const noexcept;
-  /// Physical allocations kept after an unmap done at once, for the next map of their size.
+  /// Physical allocations kept after an unmap done at once, for the next map of their size, and
+  /// their bytes (part of returning_bytes).
   [[nodiscard]] std::size_t kept_allocations() const noexcept;
+  [[nodiscard]] std::uint64_t kept_bytes() const noexcept;
   /// Maps that took a kept physical allocation instead of creating one.
   [[nodiscard]] std::uint64_t reused_allocations() const noexcept;
 

@@ -235,8 +235,8 @@ class arena_pool {
   /// The granules a slice of `extent` bytes at `offset` adds (see placement).
   [[nodiscard]] std::uint64_t placement_cost(std::uint64_t offset, std::uint64_t extent) const noexcept;
   /// Near the memory limit: the cheapest placement of `extent` bytes at the front or the back of
-  /// a free slice free for all, the smaller slice among equals (a scan over the slices: this runs
-  /// only where the best fit would pass the limit or the device refused its memory).
+  /// a free slice free for all, the smaller slice among equals (a walk over the free slices that
+  /// fit; it runs only where the best fit would map memory near the limit, or the device refused).
   [[nodiscard]] placement frugal_fit(std::uint64_t extent) const noexcept;
   /// Gives the new live slice `self` its descriptor and counts it.
   detail::descriptor* place(pool_context& ctx, std::uint32_t self, std::uint64_t size);

@@ -95,11 +95,13 @@ struct pool_context {
   /// What the device holds for devrt: the pools' memory and what is on its way back.
   [[nodiscard]] std::uint64_t held() const { return stats.bytes_reserved + store.returning_bytes(); }
   /// Whether `more` bytes fit under the limit (memory on its way back is let go first when the
-  /// device has nothing left to run).
-  bool within_limit(std::uint64_t more) {
-    if (limit == 0 || held() + more <= limit) return true;
+  /// device has nothing left to run). For a mapping, physical memory the device keeps from earlier
+  /// unmaps does not count: the map reuses or releases it before it takes memory (kept_bytes).
+  bool within_limit(std::uint64_t more, bool mapping = false) {
+    const auto fits = [&] { return held() - (mapping ? store.kept_bytes() : 0) + more <= limit; };
+    if (limit == 0 || fits()) return true;
     push_unmaps();
-    return held() + more <= limit;
+    return fits();
   }
   /// The refusal of `size` bytes at the limit.
   [[nodiscard]] error over_limit(std::uint64_t size) const {
@@ -140,7 +142,7 @@ struct pool_context {
   }
   /// Maps memory into an address range of the storage and counts it like a page.
   result<void> map_memory(storage_id range, std::uint64_t offset, std::uint64_t size) {
-    if (!within_limit(size)) return over_limit(size);
+    if (!within_limit(size, true)) return over_limit(size);
     auto r = store.map(range, offset, size);
     if (r) {
       ++stats.maps;

@@ -98,6 +98,16 @@ class size_class_index {
     return best;
   }
 
+  /// Calls `f(slot)` for every block of at least `extent` bytes (and for the smaller ones of the
+  /// class that holds `extent`: the caller compares), class by class upwards: a walk over the
+  /// blocks that may fit only, for a search that best_fit's order does not serve.
+  template <class Nodes, class F>
+  void for_each_from(const Nodes& nodes, std::uint64_t extent, F&& f) const {
+    for (unsigned c = first_at_or_above(class_of(extent)); c != npos; c = first_at_or_above(c + 1)) {
+      for (std::uint32_t s = heads_[c]; s != npos; s = nodes[s].bin_next) f(s);
+    }
+  }
+
   /// The first slot of class `c` (npos when empty), for walks that check the index.
   [[nodiscard]] std::uint32_t head(unsigned c) const noexcept { return heads_[c]; }
   [[nodiscard]] bool marked(unsigned c) const noexcept { return (words_[c / 64] >> (c % 64) & 1U) != 0; }

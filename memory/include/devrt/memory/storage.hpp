@@ -218,6 +218,11 @@ class storage {
   /// waiting behind queued work): still held, so still counted as reserved. 0 where a backend does
   /// not say.
   [[nodiscard]] std::uint64_t returning_bytes() const { return impl_->returning(); }
+  /// The part of returning_bytes that a device which unmaps in order keeps from completed unmaps
+  /// for the maps that follow: a map takes a kept allocation of its size or gives the others back
+  /// before it takes new memory, so a map never holds them beside its own. 0 where a backend does
+  /// not say.
+  [[nodiscard]] std::uint64_t kept_bytes() const { return impl_->kept(); }
   /// Mappings whose unmap the device has not done yet: their addresses are still mapped, so a
   /// pool may map them again only with the same bounds. Where a backend does not say, any memory
   /// still returning counts as one.
@@ -312,6 +317,7 @@ class storage {
     virtual result<void> read(const storage_handle& h, void* dst) = 0;
     [[nodiscard]] virtual std::size_t pending() const = 0;
     [[nodiscard]] virtual std::uint64_t returning() const = 0;
+    [[nodiscard]] virtual std::uint64_t kept() const = 0;
     [[nodiscard]] virtual std::size_t unmaps_in_flight() const = 0;
     [[nodiscard]] virtual std::string name() const = 0;
     [[nodiscard]] virtual std::optional<std::uint64_t> device_free() = 0;
@@ -364,6 +370,13 @@ class storage {
     [[nodiscard]] std::uint64_t returning() const override {
       if constexpr (requires { backend->returning_bytes(); }) {
         return backend->returning_bytes();
+      } else {
+        return 0;
+      }
+    }
+    [[nodiscard]] std::uint64_t kept() const override {
+      if constexpr (requires { backend->kept_bytes(); }) {
+        return backend->kept_bytes();
       } else {
         return 0;
       }
