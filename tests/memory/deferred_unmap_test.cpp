@@ -291,3 +291,36 @@ TEST(DeferredUnmaps, BehindAnUnmapInFlightFreeMemoryStaysMappedUntilTheDeviceCau
   EXPECT_EQ(d.m->check_invariants(), "");
   EXPECT_EQ(d.sim->waits(), 0u);
 }
+
+// Memory the idle device took back from an eviction is kept for the next map (kept_bytes), and
+// counts as held until a map takes or releases it. A map under the memory limit releases what it
+// does not take before it takes new memory, so the limit must not count both: the map fits.
+TEST(DeferredUnmaps, AMapUnderTheLimitDoesNotCountTheKeptMemoryItReleasesFirst) {
+  devices::sim_options o;
+  o.streams = true;
+  o.deferred_unmaps = true;
+  o.props.map_granularity = 2 * mib;
+  auto store = storage::make<devices::sim_storage>(o);
+  devices::sim_storage* sim = store.backend<devices::sim_storage>();
+  manager_options opts;
+  opts.layout = parse_layout("arena:space=256MiB,grow=0").value();
+  opts.memory_limit = 10 * mib;
+  memory_manager m(std::move(store), opts);
+
+  auto a = m.reserve(6 * mib, stream_a).value();      // granules 0..2, one mapping
+  auto guard = m.reserve(2 * mib, stream_a).value();  // granule 3
+  EXPECT_TRUE(m.end_batch());
+  a.reset();
+  EXPECT_TRUE(m.end_batch());
+  ASSERT_EQ(m.statistics().bytes_reserved, 8 * mib) << "A's free mapping stays mapped";
+
+  // 8 MiB does not fit A's hole: granules 4..7, after A's 6 MiB go back (kept by the device).
+  auto b = m.reserve(8 * mib, stream_a);
+  ASSERT_TRUE(b) << b.err().message();
+  EXPECT_EQ(m.statistics().bytes_reserved, 10 * mib);
+  EXPECT_LE(m.statistics().peak_bytes_reserved, 10 * mib) << "the kept memory and the new mapping never both";
+  EXPECT_TRUE(m.end_batch());
+  EXPECT_EQ(sim->kept_bytes(), 0u);
+  EXPECT_EQ(sim->mapped_bytes(), 10 * mib);
+  EXPECT_EQ(m.check_invariants(), "");
+}
