@@ -41,7 +41,9 @@ OUT=${OUT:-$G/out}
 mkdir -p "$OUT"
 export LD_LIBRARY_PATH="$G/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 CS=$(ls /usr/local/cuda*/bin/compute-sanitizer 2>/dev/null | head -1)
-TRACES="llama_serve gpt2_train bert_serve cnn_train moe_train unet_train"
+# The traces of replay, baselines and compare (names in $T, without .trace.gz); TRACES=... picks
+# others, such as those of tools/replay/synth_trace.py copied into .gpu/traces.
+TRACES=${TRACES:-"llama_serve gpt2_train bert_serve cnn_train moe_train unet_train"}
 run() {
   echo "== $*"
   local t0=$SECONDS
