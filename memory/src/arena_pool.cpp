@@ -362,6 +362,7 @@ result<detail::descriptor*> arena_pool::alloc(pool_context& ctx, std::uint64_t s
       }
     }
     const slice_node& s = slots_[found];
+    std::uint64_t ahead_last = last;  // the last granule mapped ahead of the slice (last: none)
     // Free mappings under the slice leave the free list: they are about to be used, and must not
     // be the ones unmapped to make room.
     for (std::uint64_t g = first; g <= last;) {
@@ -460,8 +461,22 @@ result<detail::descriptor*> arena_pool::alloc(pool_context& ctx, std::uint64_t s
         if (opts_.slack) trim(ctx, *opts_.slack);
         return std::move(r).err();
       }
+      ahead_last = map_last;
     }
-    return at == slots_[found].offset ? take(ctx, found, extent, size) : take_back(ctx, found, extent, size);
+    detail::descriptor* d =
+        at == slots_[found].offset ? take(ctx, found, extent, size) : take_back(ctx, found, extent, size);
+    // Where the slice's last granule was mapped already, what was mapped ahead of it is a mapping
+    // of its own that no slice uses: free, so on the free list.
+    for (std::uint64_t g = last + 1; g <= ahead_last;) {
+      const std::uint32_t m = granules_[g].mapping;
+      if (m == npos || mappings_[m].ghost) {
+        ++g;
+        continue;
+      }
+      if (mappings_[m].used == 0 && !mappings_[m].listed) push_free(m);
+      g = mappings_[m].first + mappings_[m].count;
+    }
+    return d;
   }
 }
 

@@ -15,7 +15,13 @@ floor=${2:-50}
 status=0
 for args in "" "--hidden 4096 --threads 16"; do
   # shellcheck disable=SC2086
-  out=$("${server}" --device sim-gpu --no-progress ${args} 2>&1) || { echo "${out}"; echo "FAIL: exit code $? (${args:-defaults})"; exit 1; }
+  rc=0
+  out=$("${server}" --device sim-gpu --no-progress ${args} 2>&1) || rc=$?
+  if [ "${rc}" -ne 0 ]; then
+    echo "${out}"
+    echo "FAIL: exit code ${rc} (${args:-defaults})"
+    exit 1
+  fi
   echo "${out}" | grep -E "^(throughput|memory efficiency|statistics|streams|invariants):"
   echo "${out}" | grep -q "^PASS$" || { echo "${out}"; echo "FAIL: no PASS (${args:-defaults})"; status=1; }
   echo "${out}" | grep -q "^invariants: hold$" || { echo "FAIL: invariants (${args:-defaults})"; status=1; }
