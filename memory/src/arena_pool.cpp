@@ -441,15 +441,7 @@ result<detail::descriptor*> arena_pool::alloc(pool_context& ctx, std::uint64_t s
       }
       if (auto r = map_granules(ctx, first, map_last, shared_tail, cut, size); !r) {
         // The free mappings taken off the list go back on it.
-        for (std::uint64_t g = first; g <= last;) {
-          const std::uint32_t m = granules_[g].mapping;
-          if (m == npos || mappings_[m].ghost) {
-            ++g;
-            continue;
-          }
-          if (mappings_[m].used == 0 && !mappings_[m].listed) push_free(m);
-          g = mappings_[m].first + mappings_[m].count;
-        }
+        list_unused(first, last);
         // Refused: once more if a placement elsewhere adds fewer granules.
         if (!frugal && r.code() == errc::out_of_memory) {
           const placement p = frugal_fit(extent);
@@ -467,16 +459,20 @@ result<detail::descriptor*> arena_pool::alloc(pool_context& ctx, std::uint64_t s
         at == slots_[found].offset ? take(ctx, found, extent, size) : take_back(ctx, found, extent, size);
     // Where the slice's last granule was mapped already, what was mapped ahead of it is a mapping
     // of its own that no slice uses: free, so on the free list.
-    for (std::uint64_t g = last + 1; g <= ahead_last;) {
-      const std::uint32_t m = granules_[g].mapping;
-      if (m == npos || mappings_[m].ghost) {
-        ++g;
-        continue;
-      }
-      if (mappings_[m].used == 0 && !mappings_[m].listed) push_free(m);
-      g = mappings_[m].first + mappings_[m].count;
-    }
+    if (ahead_last > last) list_unused(last + 1, ahead_last);
     return d;
+  }
+}
+
+void arena_pool::list_unused(std::uint64_t first, std::uint64_t last) {
+  for (std::uint64_t g = first; g <= last;) {
+    const std::uint32_t m = granules_[g].mapping;
+    if (m == npos || mappings_[m].ghost) {
+      ++g;
+      continue;
+    }
+    if (mappings_[m].used == 0 && !mappings_[m].listed) push_free(m);
+    g = mappings_[m].first + mappings_[m].count;
   }
 }
 

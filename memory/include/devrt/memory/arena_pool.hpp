@@ -323,6 +323,8 @@ class arena_pool {
   }
   void unmap_mapping(pool_context& ctx, std::uint32_t m);
   void push_free(std::uint32_t m);
+  /// Puts every mapping over granules [first, last] that no slice uses on the free list.
+  void list_unused(std::uint64_t first, std::uint64_t last);
   void unlink_free(std::uint32_t m);
   /// Unmaps free mappings, oldest first, until `count` granules were given back or none is left.
   void evict(pool_context& ctx, std::uint64_t count);
