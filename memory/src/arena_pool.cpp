@@ -395,7 +395,11 @@ result<detail::descriptor*> arena_pool::alloc(pool_context& ctx, std::uint64_t s
         // peak of live bytes and the arena grows in its largest unit: fewer maps, and no unmap
         // that a later map undoes. Near it, the tight shares.
         const bool roomy = ctx.roomy((missing + grow_) * granule_);
-        const std::uint64_t budget = budget_granules(size, roomy ? roomy_per_mille : budget_per_mille);
+        // Far from it, the most the arena has held was needed once and may be again: free mappings
+        // also stay while the memory mapped stays within that peak, so that a map unmaps only where
+        // it would otherwise raise the peak.
+        std::uint64_t budget = budget_granules(size, roomy ? roomy_per_mille : budget_per_mille);
+        if (roomy) budget = std::max(budget, peak_mapped_);
         // Behind a device still busy with earlier unmaps, an unmap now lowers nothing before the
         // work queued has passed, and the next map at those addresses revives it (two calls for
         // nothing) or maps beside it: far from the budget, free mappings stay until it caught up.
@@ -454,6 +458,7 @@ result<detail::descriptor*> arena_pool::alloc(pool_context& ctx, std::uint64_t s
         return std::move(r).err();
       }
       ahead_last = map_last;
+      peak_mapped_ = std::max(peak_mapped_, mapped_);
     }
     detail::descriptor* d =
         at == slots_[found].offset ? take(ctx, found, extent, size) : take_back(ctx, found, extent, size);
@@ -917,7 +922,10 @@ result<void> arena_pool::bind(pool_context& ctx, detail::descriptor* reserved, d
 }
 
 void arena_pool::cleanup(pool_context& ctx, bool explicit_cleanup) {
-  if (explicit_cleanup) trim(ctx, 0);
+  if (!explicit_cleanup) return;
+  trim(ctx, 0);
+  // Memory given back on request is not taken as needed again.
+  peak_mapped_ = mapped_;
 }
 
 void arena_pool::release_all(pool_context& ctx) {
@@ -938,6 +946,7 @@ void arena_pool::release_all(pool_context& ctx) {
   range_ = 0;
   tail_ = npos;
   peak_live_ = 0;
+  peak_mapped_ = 0;
   base_known_ = false;
   slots_.clear();
   granules_.clear();
@@ -965,13 +974,16 @@ std::string arena_pool::report() const {
       fmt::format("arena pool {}: granule {}, address space {}, free memory kept {}", index_, format_bytes(granule_),
                   format_bytes(space_),
                   opts_.slack  ? "up to " + format_bytes(*opts_.slack)
-                  : grow_ != 0 ? std::string("within 1.10x the peak of live bytes far from the budget, 1.04x near it")
+                  : grow_ != 0 ? std::string("within 1.10x the peak of live bytes or the most it held far from the "
+                                             "budget, 1.04x near it")
                                : std::string("until needed elsewhere"));
   if (max_alloc_ < space_) out += fmt::format(", max {}", format_bytes(max_alloc_));
   out += fmt::format(
-      "; {} live slices, {} in use, {} mapped ({} granules in {} mappings, {} granules free), {} holes, largest {}\n",
-      usage_.number_allocs, format_bytes(usage_.bytes_in_use), format_bytes(usage_.bytes_reserved), mapped_,
-      mapping_count(), free_mapped_, indexed_count(), format_bytes(largest_hole));
+      "; {} live slices, {} in use, {} mapped (at most {} since the last cleanup; {} granules in {} mappings, {} "
+      "granules free), {} holes, largest {}\n",
+      usage_.number_allocs, format_bytes(usage_.bytes_in_use), format_bytes(usage_.bytes_reserved),
+      format_bytes(peak_mapped_ * granule_), mapped_, mapping_count(), free_mapped_, indexed_count(),
+      format_bytes(largest_hole));
   return out;
 }
 

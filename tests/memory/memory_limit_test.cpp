@@ -6,6 +6,7 @@
 // live bytes completes within the cap.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <random>
@@ -164,5 +165,89 @@ TEST(MemoryLimit, FarFromTheBudgetABigSliceMapsNothingAheadASmallOneDoes) {
   auto next = m->reserve(20 * mib);
   ASSERT_TRUE(next) << next.err().message();
   EXPECT_EQ(m->statistics().maps, maps_after_small) << "served by the memory mapped ahead";
+  EXPECT_EQ(m->check_invariants(), "");
+}
+
+namespace {
+
+// Growing caches (a key-value cache per request, reallocated larger at every step): each growth
+// reserves the larger size, then drops the old one, and a request ends now and then. Between two
+// growths, `quiet` reserve and drop pairs of a small size that never need a map.
+struct growth_outcome {
+  std::uint64_t unmaps = 0;
+  std::uint64_t peak_reserved = 0;
+  std::uint64_t peak_live = 0;
+  std::uint64_t evicted_below_peak = 0;  // the most an unmap left the memory held below its peak
+};
+
+growth_outcome grow_caches(memory_manager& m, int quiet) {
+  std::mt19937_64 rng(11);
+  const auto log_uniform = [&](double lo, double hi) {
+    return static_cast<std::uint64_t>(
+        std::exp(std::log(lo) + (std::log(hi) - std::log(lo)) * std::uniform_real_distribution<double>(0, 1)(rng)));
+  };
+  std::vector<memory_handle> caches(40);
+  std::vector<std::uint64_t> sizes(40, 0);
+  auto steady = m.reserve(64 * 1024).value();  // keeps the small size's memory mapped
+  growth_outcome out;
+  for (int step = 0; step < 4000; ++step) {
+    const std::size_t c = rng() % caches.size();
+    if (!caches[c]) {
+      sizes[c] = log_uniform(4096, 4 * mib);
+    } else if (rng() % 20 == 0) {
+      caches[c] = memory_handle{};
+      continue;
+    } else {
+      sizes[c] += log_uniform(4096, mib);
+    }
+    const memory_statistics before = m.statistics();
+    auto grown = m.reserve(sizes[c]);
+    EXPECT_TRUE(grown) << grown.err().message();
+    if (!grown) return out;
+    const memory_statistics after = m.statistics();
+    if (after.unmaps > before.unmaps && before.peak_bytes_reserved > after.bytes_reserved) {
+      out.evicted_below_peak = std::max(out.evicted_below_peak, before.peak_bytes_reserved - after.bytes_reserved);
+    }
+    caches[c] = std::move(*grown);  // the old cache dropped after the new one exists
+    for (int i = 0; i < quiet; ++i) EXPECT_TRUE(m.reserve(32 * 1024));
+  }
+  const memory_statistics st = m.statistics();
+  out.unmaps = st.unmaps;
+  out.peak_reserved = st.peak_bytes_reserved;
+  out.peak_live = st.peak_bytes_in_use;
+  return out;
+}
+
+}  // namespace
+
+// Far from the budget, free memory is kept within 1.10 times the peak of live bytes, and also
+// within the most the arena has held: growing caches fragment past 1.10 times, and a map there
+// would otherwise unmap free memory that a later growth maps again. Now a map unmaps only where it
+// would raise the peak (the memory held after it stays within a mapping of the peak), and the
+// peak is no higher. Before this rule: 373 unmaps, the memory held left 28 MiB below its peak.
+TEST(MemoryLimit, FarFromTheBudgetAMapUnmapsOnlyWhereItWouldRaiseThePeakHeld) {
+  auto m = manager(64 * gib, 0);
+  const growth_outcome o = grow_caches(*m, 40);
+  std::printf("%llu unmaps, the memory held at most %.1f MiB below its peak after one, peak reserved %.3f of live\n",
+              static_cast<unsigned long long>(o.unmaps), static_cast<double>(o.evicted_below_peak) / mib,
+              static_cast<double>(o.peak_reserved) / static_cast<double>(o.peak_live));
+  EXPECT_LE(o.unmaps, 200u);
+  EXPECT_LE(o.evicted_below_peak, 16 * mib) << "an unmap only where the map would raise the peak";
+  EXPECT_LE(static_cast<double>(o.peak_reserved), 1.25 * static_cast<double>(o.peak_live));
+  EXPECT_EQ(m->check_invariants(), "");
+}
+
+// An explicit cleanup gives the free memory back and forgets the peak held: what it gave back is
+// not kept mapped again for the old peak's sake. The arena's report says the peak it keeps to.
+TEST(MemoryLimit, AnExplicitCleanupForgetsTheMostTheArenaHeld) {
+  auto m = manager(64 * gib, 0);
+  const growth_outcome o = grow_caches(*m, 0);
+  const std::string held = format_bytes(o.peak_reserved);
+  EXPECT_NE(m->report().find("mapped (at most " + held + " since the last cleanup;"), std::string::npos) << m->report();
+  ASSERT_TRUE(m->cleanup(true));
+  EXPECT_EQ(m->statistics().bytes_reserved, 0u) << "nothing was live";
+  EXPECT_NE(m->report().find("mapped (at most 0 B since the last cleanup;"), std::string::npos) << m->report();
+  auto again = m->reserve(8 * mib);
+  ASSERT_TRUE(again);
   EXPECT_EQ(m->check_invariants(), "");
 }

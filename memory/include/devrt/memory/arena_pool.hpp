@@ -27,6 +27,9 @@
 // free mappings stay mapped within 1.10 times the peak of live bytes, and the arena maps ahead
 // within 1.10 times, at most 128 MiB at once, in units up to `grow` and a quarter of the headroom,
 // and not past a slice that maps four units or more itself (its own mappings are then in units).
+// Far from the budget, free mappings also stay while the memory mapped stays within the most the
+// arena has held so far (since the last explicit cleanup): memory the workload needed once is kept
+// for when it needs it again, and a map unmaps only where it would otherwise raise that peak.
 // On a device whose unmaps wait behind its queued work, far from the budget, free mappings are
 // not unmapped while earlier unmaps are still in flight: an unmap then lowers the memory held only
 // once the work has passed, and a map at those addresses before that revives it (two driver calls
@@ -337,10 +340,11 @@ class arena_pool {
   std::uint64_t granule_;
   std::uint64_t space_;
   std::uint64_t max_alloc_;
-  std::uint64_t chunk_;          // granules: mappings end at multiples of it
-  std::uint64_t grow_ = 0;       // granules: the largest mapping where the arena grows (0: no growth policy)
-  std::uint64_t peak_live_ = 0;  // the peak of bytes in use
-  std::uint32_t tail_ = npos;    // the last slice of the range (its free end, unless full)
+  std::uint64_t chunk_;            // granules: mappings end at multiples of it
+  std::uint64_t grow_ = 0;         // granules: the largest mapping where the arena grows (0: no growth policy)
+  std::uint64_t peak_live_ = 0;    // the peak of bytes in use
+  std::uint64_t peak_mapped_ = 0;  // the most granules mapped at once (since the last explicit cleanup)
+  std::uint32_t tail_ = npos;      // the last slice of the range (its free end, unless full)
   std::uint16_t index_;
   storage_id range_ = 0;
   std::uintptr_t base_ = 0;  // the range's first address (0: the device gives none)
