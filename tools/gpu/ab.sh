@@ -1,0 +1,113 @@
+#!/usr/bin/env bash
+# Two builds of devrt in turns on the GPU machine: the packed one (.gpu/bin, tools/gpu/pack.sh)
+# against another (.gpu/base: its devrt-replay and devrt_inference_server, for example built from
+# an older commit in a git worktree and copied there before the device tool carries .gpu).
+#
+#   MJ=1 ROUNDS=3 TRACES="bert_serve syn_kvgrow0 ..." bash tools/gpu/ab.sh
+#
+# MJ=1 (default): the main job on cuda, at its defaults and with --hidden 4096 --threads 16, five
+# rounds, the two builds first in turn: efficiency, requests/s, maps and unmaps of each run.
+# Then each trace of .gpu/traces named in TRACES, ROUNDS times (default 3) in rotated order, under
+# both builds, cudaMallocAsync and PyTorch's allocator (default and expandable segments; its
+# baseline program is built first, tools/replay/build_torch_baseline.sh): best and median
+# ns/event, peak reserved / peak live, maps, unmaps and failed allocations of each. CAP (say
+# "--memory-limit 1.05x") is passed to every replay. TORCH_WORKLOADS (say "bert_infer llama_gen"):
+# tools/torch_bench/workload.py under PyTorch's default, expandable segments and devrt with each
+# build's libdevrt_c.so (.gpu/base/libdevrt_c.so against .gpu/lib's), TORCH_RUNS times (default 3)
+# in rotated order: median wall seconds and peak reserved.
+set -u
+cd "$(dirname "$0")/../.."
+G=$PWD/.gpu
+T=$G/traces
+OUT=${OUT:-$G/out}
+mkdir -p "$OUT"
+export LD_LIBRARY_PATH="$G/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+export CUDA_MODULE_LOADING=${CUDA_MODULE_LOADING:-EAGER}
+[ -x "$G/base/devrt-replay" ] || { echo "ab: no $G/base/devrt-replay (the build to compare against)" >&2; exit 2; }
+nvidia-smi --query-gpu=name,memory.total --format=csv,noheader 2>/dev/null || true
+if [ "${MJ:-1}" = 1 ]; then
+  for r in 1 2 3 4 5; do
+    for cfg in "" "--hidden 4096 --threads 16"; do
+      if ((r % 2)); then order="base bin"; else order="bin base"; fi
+      for b in $order; do
+        o=$(timeout 60 "$G/$b/devrt_inference_server" --device cuda --no-progress $cfg 2>&1)
+        e=$(echo "$o" | grep efficiency | sed -E 's/.*= ([0-9.]+)%.*/\1/')
+        tp=$(echo "$o" | grep "^throughput" | sed -E 's/.*s: ([0-9.]+) requests.*/\1/')
+        mu=$(echo "$o" | grep "^statistics" | grep -oE "[0-9]+ maps, [0-9]+ unmaps")
+        echo "main job [${cfg:-defaults}] $b round $r: efficiency $e%, $tp requests/s, $mu"
+      done
+    done
+  done
+fi
+if [ -n "${TORCH_WORKLOADS:-}" ]; then
+  vs=(default expandable base bin)
+  for w in $TORCH_WORKLOADS; do
+    for r in $(seq "${TORCH_RUNS:-3}"); do
+      for i in 0 1 2 3; do
+        v=${vs[$(((i + r - 1) % 4))]}
+        case $v in
+          default | expandable) a=$v lib=$G/lib/libdevrt_c.so ;;
+          base) a=devrt lib=$G/base/libdevrt_c.so ;;
+          bin) a=devrt lib=$G/lib/libdevrt_c.so ;;
+        esac
+        PYTHONPATH=python timeout 150 python3 tools/torch_bench/workload.py --workload "$w" --allocator "$a" \
+          --lib "$lib" --out "$OUT/ab_${w}_${v}_$r.json" >"$OUT/ab_${w}_${v}_$r.log" 2>&1 ||
+          echo "ab: $w under $v, run $r failed: $(tail -1 "$OUT/ab_${w}_${v}_$r.log")"
+      done
+    done
+  done
+  python3 - "$OUT" <<'PY'
+import glob, json, re, statistics, sys
+rows = {}
+for p in glob.glob(sys.argv[1] + "/ab_*.json"):
+    m = re.search(r"ab_(.+)_(default|expandable|base|bin)_(\d+)\.json$", p)
+    d = json.load(open(p))
+    if m and d.get("ok"):
+        rows.setdefault((m[1], m[2]), []).append(d)
+for (w, v) in sorted(rows):
+    ds = rows[(w, v)]
+    walls = " ".join(f"{d['wall_s']:.3f}" for d in ds)
+    print(f"{w:12s} {v:10s} runs {len(ds)}: wall s median {statistics.median(d['wall_s'] for d in ds):.3f} ({walls}), "
+          f"peak reserved GB median {statistics.median(d['peak_reserved_bytes'] for d in ds) / 1e9:.3f}")
+PY
+fi
+[ -n "${TRACES:-}" ] || exit 0
+bash tools/replay/build_torch_baseline.sh /tmp/devrt-torch-baseline >"$OUT/torch_build.log" 2>&1 ||
+  echo "ab: no PyTorch baseline (torch_build.log)"
+names=(base bin cudaMallocAsync torch_default torch_expandable)
+: >"$OUT/ab.jsonl"
+for t in $TRACES; do
+  [ -f "$T/$t.trace.gz" ] || { echo "ab: no $T/$t.trace.gz"; continue; }
+  for r in $(seq "${ROUNDS:-3}"); do
+    for k in 0 1 2 3 4; do
+      a=${names[$(((k + r) % 5))]}
+      case $a in
+        base | bin) out=$(timeout 60 "$G/$a/devrt-replay" "$T/$t.trace.gz" --device cuda --json --no-progress ${CAP:-} 2>/dev/null) ;;
+        cudaMallocAsync) out=$(timeout 60 "$G/bin/devrt-replay" "$T/$t.trace.gz" --baseline cudaMallocAsync --json --no-progress ${CAP:-} 2>/dev/null) ;;
+        torch_default) out=$(timeout 90 /tmp/devrt-torch-baseline "$T/$t.trace.gz" --json ${CAP:-} 2>/dev/null) ;;
+        torch_expandable) out=$(PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True timeout 90 /tmp/devrt-torch-baseline "$T/$t.trace.gz" --json ${CAP:-} 2>/dev/null) ;;
+      esac
+      [ -n "$out" ] && echo "{\"trace\": \"$t\", \"allocator\": \"$a\", \"run\": $(echo "$out" | tail -1)}" >>"$OUT/ab.jsonl"
+    done
+  done
+done
+python3 - "$OUT/ab.jsonl" <<'PY'
+import json, statistics, sys
+rows = {}
+for line in open(sys.argv[1]):
+    try:
+        d = json.loads(line)
+    except ValueError:
+        continue
+    rows.setdefault((d["trace"], d["allocator"]), []).append(d["run"])
+print("trace            allocator          best  median  ratio  maps unmaps failures")
+for t in dict.fromkeys(k[0] for k in rows):
+    for a in ("base", "bin", "cudaMallocAsync", "torch_default", "torch_expandable"):
+        runs = rows.get((t, a), [])
+        if not runs:
+            continue
+        ns = sorted(r["ns_per_event"] for r in runs)
+        b = min(runs, key=lambda r: r["ns_per_event"])
+        print(f"{t:16s} {a:16s} {ns[0]:6.0f} {statistics.median(ns):7.0f}  {b.get('ratio', 0):.3f}  "
+              f"{b.get('maps', '-')} {b.get('unmaps', '-')} {max(r.get('failures', 0) for r in runs)}")
+PY
