@@ -17,6 +17,7 @@
 # in rotated order: median wall seconds and peak reserved.
 set -u
 cd "$(dirname "$0")/../.."
+. tools/gpu/replay_one.sh
 G=$PWD/.gpu
 T=$G/traces
 OUT=${OUT:-$G/out}
@@ -82,10 +83,8 @@ for t in $TRACES; do
     for k in 0 1 2 3 4; do
       a=${names[$(((k + r) % 5))]}
       case $a in
-        base | bin) out=$(timeout 60 "$G/$a/devrt-replay" "$T/$t.trace.gz" --device cuda --json --no-progress ${CAP:-} 2>/dev/null) ;;
-        cudaMallocAsync) out=$(timeout 60 "$G/bin/devrt-replay" "$T/$t.trace.gz" --baseline cudaMallocAsync --json --no-progress ${CAP:-} 2>/dev/null) ;;
-        torch_default) out=$(timeout 90 /tmp/devrt-torch-baseline "$T/$t.trace.gz" --json ${CAP:-} 2>/dev/null) ;;
-        torch_expandable) out=$(PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True timeout 90 /tmp/devrt-torch-baseline "$T/$t.trace.gz" --json ${CAP:-} 2>/dev/null) ;;
+        base | bin) out=$(replay_one "$G/$a" devrt "$T/$t.trace.gz") ;;
+        *) out=$(replay_one "$G/bin" "$a" "$T/$t.trace.gz") ;;
       esac
       [ -n "$out" ] && echo "{\"trace\": \"$t\", \"allocator\": \"$a\", \"run\": $(echo "$out" | tail -1)}" >>"$OUT/ab.jsonl"
     done

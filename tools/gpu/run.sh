@@ -34,6 +34,7 @@
 #   all          tests tests-lazy memcheck torch replay demo bench latency
 set -u
 cd "$(dirname "$0")/../.."
+. tools/gpu/replay_one.sh
 G=$PWD/.gpu
 B=$G/bin
 T=$G/traces
@@ -173,12 +174,7 @@ step_compare() {
       for k in 0 1 2 3; do
         j=$(( (k + r) % 4 ))
         local out
-        case ${names[$j]} in
-          devrt) out=$(timeout 60 "$B/devrt-replay" "$T/$t.trace.gz" --device cuda --json --no-progress ${CAP:-} 2>/dev/null) ;;
-          cudaMallocAsync) out=$(timeout 60 "$B/devrt-replay" "$T/$t.trace.gz" --baseline cudaMallocAsync --json --no-progress ${CAP:-} 2>/dev/null) ;;
-          torch_default) out=$(timeout 90 /tmp/devrt-torch-baseline "$T/$t.trace.gz" --json ${CAP:-} 2>/dev/null) ;;
-          torch_expandable) out=$(PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True timeout 90 /tmp/devrt-torch-baseline "$T/$t.trace.gz" --json ${CAP:-} 2>/dev/null) ;;
-        esac
+        out=$(replay_one "$B" "${names[$j]}" "$T/$t.trace.gz")
         [ -n "$out" ] && echo "{\"trace\": \"$t\", \"allocator\": \"${names[$j]}\", \"run\": $(echo "$out" | tail -1)}" >> "$OUT/compare.jsonl"
       done
     done
