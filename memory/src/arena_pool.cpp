@@ -176,12 +176,19 @@ void arena_pool::evict(pool_context& ctx, std::uint64_t count) {
 }
 
 void arena_pool::evict_to(pool_context& ctx, std::uint64_t limit) {
-  while (mapped_ > limit && oldest_free_ != npos) {
-    // The largest free mapping (the oldest among equals): the fewest driver calls for the memory.
-    std::uint32_t m = oldest_free_;
-    for (std::uint32_t k = mappings_[m].newer; k != npos; k = mappings_[k].newer) {
-      if (mappings_[k].count > mappings_[m].count) m = k;
-    }
+  if (mapped_ <= limit || oldest_free_ == npos) return;
+  // The largest free mappings first (the oldest among equals): the fewest driver calls for the
+  // memory. One pass and one sort, next to the driver calls; nothing joins the list meanwhile.
+  evict_order_.clear();
+  std::uint32_t age = 0;
+  for (std::uint32_t k = oldest_free_; k != npos; k = mappings_[k].newer) evict_order_.push_back({k, age++});
+  std::sort(evict_order_.begin(), evict_order_.end(), [&](const auto& a, const auto& b) {
+    const std::uint64_t ca = mappings_[a.first].count;
+    const std::uint64_t cb = mappings_[b.first].count;
+    return ca != cb ? ca > cb : a.second < b.second;
+  });
+  for (const auto& [m, order] : evict_order_) {
+    if (mapped_ <= limit) break;
     unlink_free(m);
     unmap_mapping(ctx, m);
   }

@@ -65,6 +65,7 @@
 #include <cstdint>
 #include <deque>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "devrt/memory/config.hpp"
@@ -356,8 +357,9 @@ class arena_pool {
   slot_table<mapping_state, std::vector<mapping_state>> mappings_;  // indexed on every reserve
   std::uint32_t oldest_free_ = npos;
   std::uint32_t newest_free_ = npos;
-  std::uint64_t mapped_ = 0;       // granules with memory behind them
-  std::uint64_t free_mapped_ = 0;  // granules of free mappings
+  std::vector<std::pair<std::uint32_t, std::uint32_t>> evict_order_;  // evict_to's free mappings and their age (reused)
+  std::uint64_t mapped_ = 0;                                          // granules with memory behind them
+  std::uint64_t free_mapped_ = 0;                                     // granules of free mappings
   std::uint64_t map_calls_ = 0;
   std::vector<tag_list> tags_;  // one per stream that has tagged free slices (few)
   bool keep_ghosts_ = false;    // the device completes unmaps later (it has queues)
