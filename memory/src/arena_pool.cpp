@@ -187,10 +187,10 @@ void arena_pool::evict_to(pool_context& ctx, std::uint64_t limit) {
     const std::uint64_t cb = mappings_[b.first].count;
     return ca != cb ? ca > cb : a.second < b.second;
   });
-  for (const auto& [m, order] : evict_order_) {
+  for (const auto& entry : evict_order_) {
     if (mapped_ <= limit) break;
-    unlink_free(m);
-    unmap_mapping(ctx, m);
+    unlink_free(entry.first);
+    unmap_mapping(ctx, entry.first);
   }
 }
 

@@ -90,23 +90,4 @@ for t in $TRACES; do
     done
   done
 done
-python3 - "$OUT/ab.jsonl" <<'PY'
-import json, statistics, sys
-rows = {}
-for line in open(sys.argv[1]):
-    try:
-        d = json.loads(line)
-    except ValueError:
-        continue
-    rows.setdefault((d["trace"], d["allocator"]), []).append(d["run"])
-print("trace            allocator          best  median  ratio  maps unmaps failures")
-for t in dict.fromkeys(k[0] for k in rows):
-    for a in ("base", "bin", "cudaMallocAsync", "torch_default", "torch_expandable"):
-        runs = rows.get((t, a), [])
-        if not runs:
-            continue
-        ns = sorted(r["ns_per_event"] for r in runs)
-        b = min(runs, key=lambda r: r["ns_per_event"])
-        print(f"{t:16s} {a:16s} {ns[0]:6.0f} {statistics.median(ns):7.0f}  {b.get('ratio', 0):.3f}  "
-              f"{b.get('maps', '-')} {b.get('unmaps', '-')} {max(r.get('failures', 0) for r in runs)}")
-PY
+python3 tools/gpu/replay_summary.py "$OUT/ab.jsonl" base bin cudaMallocAsync torch_default torch_expandable

@@ -179,26 +179,8 @@ step_compare() {
       done
     done
   done
-  python3 - "$OUT/compare.jsonl" <<'PY' | tee "$OUT/compare.txt"
-import json, sys
-rows = {}
-for line in open(sys.argv[1]):
-    try:
-        d = json.loads(line)
-    except ValueError:
-        continue
-    rows.setdefault((d["trace"], d["allocator"]), []).append(d["run"])
-traces = sorted({t for t, _ in rows}, key=lambda t: list(dict.fromkeys(k[0] for k in rows)).index(t))
-print("trace        allocator          best ns/ev  range           ratio  maps  failures")
-for t in traces:
-    for a in ("devrt", "cudaMallocAsync", "torch_default", "torch_expandable"):
-        runs = rows.get((t, a), [])
-        if not runs:
-            continue
-        ns = sorted(r["ns_per_event"] for r in runs)
-        best = min(runs, key=lambda r: r["ns_per_event"])
-        print(f"{t:12s} {a:18s} {ns[0]:10.0f}  {ns[0]:6.0f}-{ns[-1]:<6.0f}  {best.get('ratio', 0):6.3f}  {best.get('maps', '-')}  {max(r.get('failures', 0) for r in runs)}")
-PY
+  python3 tools/gpu/replay_summary.py "$OUT/compare.jsonl" devrt cudaMallocAsync torch_default torch_expandable |
+    tee "$OUT/compare.txt"
 }
 
 step_baselines() {
