@@ -139,6 +139,16 @@ TEST(ReplayCli, HumanOutputHasEveryFigure) {
   EXPECT_TRUE(r.err.empty()) << r.err;  // no progress line unless asked for
 }
 
+TEST(ReplayCli, TheFloorOfMapsIsCountedInWords) {
+  // 8,000 bytes at the peak: one mapping of 256 MiB would hold them, and the line says "1 map".
+  scratch_dir dir;
+  const std::string path = write_plain(dir.file("hand.trace"), by_hand);
+  const auto r = run({path, "--layout", "arena"});
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_TRUE(contains(r.out, "(the floor: 1 map of 256 MiB)")) << r.out;
+  EXPECT_FALSE(contains(r.out, "1 maps of")) << r.out;
+}
+
 TEST(ReplayCli, JsonHasEveryFigure) {
   scratch_dir dir;
   const std::string path = write_plain(dir.file("hand.trace"), by_hand);
