@@ -718,13 +718,12 @@ int run_cli(const std::vector<std::string>& args, std::ostream& out, std::ostrea
                        group_digits(r->peak_reserved_bytes),
                        r->peak_reserved_source != "manager" ? fmt::format(", from {}", r->peak_reserved_source) : "");
     out << fmt::format("ratio          {:.3f}\n", r->ratio);
-    out << fmt::format("driver         {} allocations, {} frees{}\n", group_digits(r->driver_allocs),
-                       group_digits(r->driver_frees),
-                       r->maps + r->unmaps != 0
-                           ? fmt::format("; {} maps, {} unmaps (the floor: {} map{} of 256 MiB)", group_digits(r->maps),
-                                         group_digits(r->unmaps), group_digits(floor_maps(*r)),
-                                         floor_maps(*r) == 1 ? "" : "s")
-                           : std::string());
+    out << fmt::format(
+        "driver         {} allocations, {} frees{}\n", group_digits(r->driver_allocs), group_digits(r->driver_frees),
+        r->maps + r->unmaps != 0
+            ? fmt::format("; {} maps, {} unmaps (the floor: {} map{} of 256 MiB)", group_digits(r->maps),
+                          group_digits(r->unmaps), group_digits(floor_maps(*r)), floor_maps(*r) == 1 ? "" : "s")
+            : std::string());
     if (r->memory_limit != 0) {
       out << fmt::format(
           "memory limit   {} ({} bytes, {:.3f} times the peak of live bytes){}\n", gib_text(r->memory_limit),
