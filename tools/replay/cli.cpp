@@ -178,6 +178,11 @@ constexpr std::uint64_t floor_mapping_size = std::uint64_t{256} << 20;
 std::uint64_t floor_maps(const replay_result& r) {
   return (r.peak_live_bytes + floor_mapping_size - 1) / floor_mapping_size;
 }
+/// The floor in words: "N maps" ("1 map").
+std::string floor_maps_text(const replay_result& r) {
+  const std::uint64_t n = floor_maps(r);
+  return fmt::format("{} map{}", group_digits(n), n == 1 ? "" : "s");
+}
 
 /// The figures of one run as JSON fields (no braces).
 std::string run_json(const replay_result& r, const std::string& layout) {
@@ -301,13 +306,13 @@ int run_compare(const cli_options& o, const trace& t, std::uint64_t trace_events
       const driver_calls c = driver_calls_of(w.r);
       out << fmt::format(
           "devrt's driver calls: {} physical creates, {} maps, {} access calls, {} unmaps, {} releases{} ({} in all); "
-          "the floor, the peak live bytes in mappings of 256 MiB: {} map{}\n",
+          "the floor, the peak live bytes in mappings of 256 MiB: {}\n",
           group_digits(c.creates), group_digits(c.maps), group_digits(c.access), group_digits(c.unmaps),
           group_digits(c.releases),
           c.page_allocs + c.page_frees != 0 ? fmt::format(", {} page allocations, {} page frees",
                                                           group_digits(c.page_allocs), group_digits(c.page_frees))
                                             : std::string(),
-          group_digits(c.total()), group_digits(floor_maps(w.r)), floor_maps(w.r) == 1 ? "" : "s");
+          group_digits(c.total()), floor_maps_text(w.r));
       if (w.r.driver_measured) {
         out << fmt::format("devrt's time in the driver ({} maps of a kept physical allocation):\n{}",
                            group_digits(w.r.reused_allocations), driver_times_text(w.r));
@@ -720,10 +725,9 @@ int run_cli(const std::vector<std::string>& args, std::ostream& out, std::ostrea
     out << fmt::format("ratio          {:.3f}\n", r->ratio);
     out << fmt::format(
         "driver         {} allocations, {} frees{}\n", group_digits(r->driver_allocs), group_digits(r->driver_frees),
-        r->maps + r->unmaps != 0
-            ? fmt::format("; {} maps, {} unmaps (the floor: {} map{} of 256 MiB)", group_digits(r->maps),
-                          group_digits(r->unmaps), group_digits(floor_maps(*r)), floor_maps(*r) == 1 ? "" : "s")
-            : std::string());
+        r->maps + r->unmaps != 0 ? fmt::format("; {} maps, {} unmaps (the floor: {} of 256 MiB)", group_digits(r->maps),
+                                               group_digits(r->unmaps), floor_maps_text(*r))
+                                 : std::string());
     if (r->memory_limit != 0) {
       out << fmt::format(
           "memory limit   {} ({} bytes, {:.3f} times the peak of live bytes){}\n", gib_text(r->memory_limit),
