@@ -949,7 +949,10 @@ void arena_pool::release_all(pool_context& ctx) {
     if (mappings_[m].in_use_slot && !mappings_[m].ghost && !mappings_[m].asleep)
       ctx.unmap_memory(range_, mappings_[m].first * granule_, mappings_[m].count * granule_);
   }
-  if (range_ != 0) ctx.store.release_range(range_);
+  if (range_ != 0) {
+    ctx.store.release_range(range_);
+    ctx.returns_queued = true;
+  }
   range_ = 0;
   tail_ = npos;
   peak_live_ = 0;

@@ -155,7 +155,7 @@ result<replay_result> replay_core(const trace& t, const replay_options& o) {
     }
     // Like the actor after a batch: queued page frees reach the device. Without this the device
     // keeps every freed page until an explicit cleanup.
-    if (store.pending_deallocations() != 0) (void)m.flush();
+    if (m.deallocations_queued()) (void)m.flush();
     // statistics() processes the free just queued; the next reserve would do it first anyway, so
     // sampling changes no decision of the allocator.
     if (samples.on()) samples.add(i + 1, live, m.statistics().bytes_reserved);

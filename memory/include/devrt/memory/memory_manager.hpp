@@ -116,8 +116,14 @@ class memory_manager {
   /// `push_deallocations` is false: they stay queued for a later `end_batch` or `flush`). Never
   /// waits for the device.
   result<void> end_batch(bool push_deallocations = true);
-  /// Deallocations are queued for the device (driver calls a `flush` would make).
-  [[nodiscard]] bool deallocations_queued() const { return store_.pending_deallocations() != 0; }
+  /// Deallocations are queued for the device (driver calls a `flush` would make). Asks the
+  /// storage only after the pools gave something back since it last had nothing queued.
+  [[nodiscard]] bool deallocations_queued() {
+    if (!ctx_.returns_queued) return false;
+    if (store_.pending_deallocations() != 0) return true;
+    ctx_.returns_queued = false;
+    return false;
+  }
   /// Makes the next `end_batch` fence every stream with unfenced frees (by default a stream is
   /// fenced only every `stream_order::fence_after` frees, or when memory is wanted).
   void want_fences() noexcept { order_.want_fences(); }

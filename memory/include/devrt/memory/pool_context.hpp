@@ -29,6 +29,10 @@ struct pool_context {
   /// hand it memory freed on that stream whose fence has not passed (0: only memory free for every
   /// stream).
   std::uint64_t reserve_tag = 0;
+  /// Set when a page, a mapping or an address range goes back to the storage (where it waits for
+  /// a flush); cleared by memory_manager::deallocations_queued once the storage has nothing left
+  /// to do. So that question costs one load between the returns, not a call into the storage.
+  bool returns_queued = false;
   /// Called by a pool before it maps memory for a reserve: fences the streams with frees not yet
   /// fenced, queries the fences in flight (never waits) and returns to every stream the memory
   /// whose fences passed, held frees included. True when something came back. Null: the pool
@@ -137,6 +141,7 @@ struct pool_context {
   void free_page(storage_id id, std::uint64_t size) {
     if (tracing()) trace_segment(trace_action::segment_free, id, 0, size);
     store.dealloc(id);
+    returns_queued = true;
     ++stats.driver_frees;
     stats.bytes_reserved -= size;
   }
@@ -158,6 +163,7 @@ struct pool_context {
   void unmap_memory(storage_id range, std::uint64_t offset, std::uint64_t size) {
     if (tracing()) trace_segment(trace_action::segment_free, range, offset, size);
     store.unmap(range, offset, size);
+    returns_queued = true;
     ++stats.unmaps;
     stats.bytes_reserved -= size;
   }
