@@ -51,6 +51,15 @@ std::string error::message() const {
       if (size != 0 || limit != 0) return fmt::format("invalid argument: {} ({} > {}){}", detail, size, limit, where);
       return fmt::format("invalid argument: {}{}", detail, where);
     case errc::buffer_too_big:
+      if (detail[0] != '\0') {
+        return fmt::format("cannot allocate {} bytes: {}, which takes {} bytes at most", size, detail, limit);
+      }
+      if (!text.empty()) {
+        return fmt::format(
+            "cannot allocate {} bytes: no pool of the layout accepts this size (the largest pool takes {} "
+            "bytes, and the layout takes {}); use a layout whose pools take it",
+            size, limit, text);
+      }
       return fmt::format(
           "cannot allocate {} bytes: no pool of the layout accepts this size (the largest pool "
           "takes {} bytes); use a layout with a larger pool",
@@ -63,8 +72,9 @@ std::string error::message() const {
     case errc::out_of_memory:
       if (text == "memory limit") {
         return fmt::format(
-                   "out of memory under devrt's memory limit: {} bytes more would take the memory the device "
-                   "holds for devrt ({} bytes) past the limit of {} bytes; free memory or raise the limit",
+                   "out of memory under devrt's memory limit: {} bytes cannot be served without taking the "
+                   "memory the device holds for devrt ({} bytes) past the limit of {} bytes (memory comes in "
+                   "whole pages or mappings of the layout); free memory or raise the limit",
                    size, in_use, limit) +
                fmt::format("{}{}", context.empty() ? "" : "\n",
                            std::string_view(context).substr(0, context.size() - (context.ends_with('\n') ? 1 : 0)));

@@ -343,8 +343,12 @@ void memory_manager::release_to_pool(detail::descriptor* d, std::uint64_t tag) {
     --t->allocations;
     d->tag = 0;
   }
+  // Above the memory limit (set below what the device held then), what is freed goes back at
+  // once rather than serve later reserves: memory in use never passes the limit again.
+  const bool over_limit = ctx_.limit != 0 && stats_.bytes_reserved > ctx_.limit && !capture_;
   if (loc.pool == location::persistent_pool) {
     persistent_.release(ctx_, loc);
+    if (over_limit) persistent_.cleanup(ctx_, true);
   } else {
     visit_pool(pool_at(loc.pool), [&](auto& pool) {
       if constexpr (std::is_same_v<std::decay_t<decltype(pool)>, arena_pool>) {
@@ -352,6 +356,7 @@ void memory_manager::release_to_pool(detail::descriptor* d, std::uint64_t tag) {
       } else {
         pool.release(ctx_, loc);
       }
+      if (over_limit) pool.cleanup(ctx_, true);
     });
   }
 }
@@ -633,13 +638,27 @@ result<detail::descriptor*> memory_manager::reserve_on(std::uint64_t size, tag_i
   }
   error e = error::make(errc::buffer_too_big);
   e.size = size;
-  std::uint64_t largest = 0;
-  for (const auto& o : layout_) {
-    largest = std::max(largest, o.kind == pool_kind::sliced  ? std::max(o.page_size, o.max_alloc_size)
-                                : o.kind == pool_kind::arena ? std::min(o.max_alloc_size, o.max_pool_size.value_or(0))
-                                                             : o.max_alloc_size);
+  // The sizes the pools take; where they leave a gap below the largest (a sliced pool takes its
+  // slices and whole pages, not what lies between), the message says which.
+  std::vector<std::pair<std::uint64_t, std::uint64_t>> ranges;
+  for (const auto& p : pools_) visit_pool(p, [&](const auto& pool) { pool.accepted_sizes(ranges); });
+  std::sort(ranges.begin(), ranges.end());
+  std::vector<std::pair<std::uint64_t, std::uint64_t>> merged;
+  for (const auto& r : ranges) {
+    if (!merged.empty() && r.first <= merged.back().second + 1) {
+      merged.back().second = std::max(merged.back().second, r.second);
+    } else {
+      merged.push_back(r);
+    }
   }
-  e.limit = largest;
+  e.limit = merged.empty() ? 0 : merged.back().second;
+  if (merged.size() > 1) {
+    for (const auto& [lo, hi] : merged) {
+      if (!e.text.empty()) e.text += ", ";
+      e.text += lo == 0 ? fmt::format("up to {}", format_bytes(hi))
+                        : fmt::format("{} to {}", format_bytes(lo), format_bytes(hi));
+    }
+  }
   return e;
 }
 

@@ -31,6 +31,12 @@ bool sliced_pool::accept(std::uint64_t size) const noexcept {
   return !max_pages_ && size <= page_size_ && (page_size_ - size) * 5 < page_size_;
 }
 
+void sliced_pool::accepted_sizes(std::vector<std::pair<std::uint64_t, std::uint64_t>>& out) const {
+  out.emplace_back(0, max_alloc_);
+  // A whole page: (page - size) * 5 < page, so above four fifths of it.
+  if (!max_pages_) out.emplace_back(4 * page_size_ / 5 + 1, page_size_);
+}
+
 location sliced_pool::loc_of(std::uint32_t slot) const noexcept {
   return location{index_, slots_[slot].page, slot, true};
 }

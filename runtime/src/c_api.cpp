@@ -72,6 +72,8 @@ devrt_status status_of(errc c) noexcept {
     case errc::device_error: return DEVRT_ERROR_DEVICE;
     case errc::unsupported: return DEVRT_ERROR_UNSUPPORTED;
     case errc::asleep: return DEVRT_ERROR_ASLEEP;
+    // A bad value of a DEVRT_* variable or of the config file: not a layout.
+    case errc::malformed_config: return DEVRT_ERROR_INVALID_VALUE;
     default: return devrt::is_config_error(c) ? DEVRT_ERROR_INVALID_LAYOUT : DEVRT_ERROR_INTERNAL;
   }
 }
@@ -686,6 +688,9 @@ int devrt_retire_stream(int device, void* stream) {
 int devrt_allocation_size(void* ptr, size_t* size) {
   return guarded("devrt_allocation_size", [&] {
     if (size == nullptr) return fail(DEVRT_ERROR_INVALID_VALUE, "devrt_allocation_size: the out-pointer is NULL");
+    // After a shutdown no pointer is live: say so, as every other call does.
+    state* s = nullptr;
+    if (int r = acquire(&s); r != DEVRT_SUCCESS) return r;
     shard& sh = table().of(ptr);
     const std::lock_guard<rt::spin_lock> g(sh.lock);
     const shard::record* r = sh.live(ptr);

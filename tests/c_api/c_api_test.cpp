@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <new>
@@ -356,6 +357,9 @@ TEST_F(CApi, ShutDownRefusesUntilInitAndInitRefusesWhileRunning) {
   EXPECT_EQ(devrt_configure(host, "auto"), DEVRT_ERROR_NOT_INITIALIZED);
   EXPECT_EQ(devrt_release_host_copies(host, nullptr), DEVRT_ERROR_NOT_INITIALIZED);
   EXPECT_EQ(devrt_set_memory_limit(host, 1), DEVRT_ERROR_NOT_INITIALIZED);
+  size_t size = 0;
+  EXPECT_EQ(devrt_allocation_size(p, &size), DEVRT_ERROR_NOT_INITIALIZED);
+  EXPECT_NE(last().find("devrt_init"), std::string::npos) << last();
 
   o.host_layout = "sliced:page=0";
   EXPECT_EQ(devrt_init(&o), DEVRT_ERROR_INVALID_LAYOUT);
@@ -377,6 +381,24 @@ TEST_F(CApi, ShutDownRefusesUntilInitAndInitRefusesWhileRunning) {
   ASSERT_EQ(devrt_init(&o), DEVRT_SUCCESS) << last();
   EXPECT_EQ(stats().live_allocations, 0U);
   expect_allocation_works();
+}
+
+// A malformed DEVRT_* variable is a bad value, not a bad layout, whichever call starts devrt.
+TEST_F(CApi, AMalformedEnvironmentVariableIsAnInvalidValue) {
+  ASSERT_EQ(devrt_shutdown(), DEVRT_SUCCESS);
+  devrt_options o;
+  devrt_options_default(&o);
+  o.use_cuda = 0;
+  o.use_environment = 1;
+  for (const char* name :
+       {"DEVRT_LOG_LEVEL", "DEVRT_MEMORY_LIMIT", "DEVRT_PERSISTENT_MEMORY", "DEVRT_SERVE_IN_PLACE"}) {
+    ASSERT_EQ(setenv(name, "bogus", 1), 0);
+    EXPECT_EQ(devrt_init(&o), DEVRT_ERROR_INVALID_VALUE) << name << ": " << last();
+    EXPECT_NE(last().find("bogus"), std::string::npos) << name << ": " << last();
+    EXPECT_EQ(devrt_is_initialized(), 0) << name;
+    ASSERT_EQ(unsetenv(name), 0);
+  }
+  ASSERT_EQ(devrt_init(&o), DEVRT_SUCCESS) << last();  // TearDown shuts it down
 }
 
 TEST_F(CApi, ZeroSizeAllocationsHaveUniquePointers) {
@@ -519,6 +541,39 @@ TEST(CApiStatus, EveryStatusHasAName) {
 }
 
 }  // namespace
+
+// A limit set below what is live takes effect as the memory is freed: freed memory goes back
+// rather than serving new allocations past the limit, whatever the layout.
+TEST_F(CApi, ALimitLoweredBelowLiveMemoryHoldsOnceThatMemoryIsFreed) {
+  for (const char* layout : {"auto", "sliced:page=16MiB,slice=16MiB", "exclusive-pages"}) {
+    ASSERT_EQ(devrt_configure(host, layout), DEVRT_SUCCESS) << layout << ": " << last();
+    constexpr std::size_t mib = 1u << 20;
+    void* a[6] = {};
+    for (void*& p : a) ASSERT_EQ(devrt_malloc(&p, 10 * mib, host, nullptr), DEVRT_SUCCESS) << layout << ": " << last();
+    ASSERT_EQ(devrt_set_memory_limit(host, 16 * mib), DEVRT_SUCCESS) << last();
+    for (void* p : a) ASSERT_EQ(devrt_free(p, host, nullptr), DEVRT_SUCCESS) << last();
+    EXPECT_LE(stats().reserved_bytes, 16 * mib) << layout;
+    void* b[6] = {};
+    int served = 0;
+    for (void*& p : b) {
+      const int r = devrt_malloc(&p, 10 * mib, host, nullptr);
+      if (r == DEVRT_SUCCESS) {
+        ++served;
+      } else {
+        EXPECT_EQ(r, DEVRT_ERROR_OUT_OF_MEMORY) << layout << ": " << last();
+      }
+    }
+    EXPECT_EQ(served, 1) << layout << ": 10 MiB fits a 16 MiB limit once";
+    EXPECT_LE(stats().in_use_bytes, 16 * mib) << layout;
+    EXPECT_LE(stats().reserved_bytes, 16 * mib) << layout;
+    for (void* p : b) {
+      if (p != nullptr) {
+        EXPECT_EQ(devrt_free(p, host, nullptr), DEVRT_SUCCESS) << last();
+      }
+    }
+    ASSERT_EQ(devrt_set_memory_limit(host, 0), DEVRT_SUCCESS);
+  }
+}
 
 TEST_F(CApi, TheMemoryLimitRefusesAllocationsPastItAndZeroLiftsIt) {
   std::uint64_t limit = 1;

@@ -161,6 +161,25 @@ TEST(BadInputReserve, EnormousSizesAreBufferTooBigWithTheLimit) {
   EXPECT_EQ(m->check_invariants(), "");
 }
 
+// A sliced pool takes its slices and whole pages (above four fifths of a page), not the sizes in
+// between: the error says which sizes the layout takes rather than only its largest pool's.
+TEST(BadInputReserve, ASizeInTheGapOfASlicedPoolNamesTheSizesTheLayoutTakes) {
+  auto m = make(std::vector<pool_config>{sliced(64 * mib, 8 * mib)});
+  auto r = m->reserve(9 * mib);
+  ASSERT_EQ(r.code(), errc::buffer_too_big);
+  EXPECT_EQ(r.err().limit, 64 * mib);
+  const std::string msg = r.err().message();
+  EXPECT_TRUE(contains(msg, "cannot allocate " + std::to_string(9 * mib) + " bytes")) << msg;
+  EXPECT_TRUE(contains(msg, "the layout takes up to 8.00 MiB, 51.20 MiB to 64.00 MiB")) << msg;
+  ASSERT_TRUE(m->reserve(8 * mib)) << "the largest slice";
+  ASSERT_TRUE(m->reserve(52 * mib)) << "a whole page";
+  // A capped sliced pool takes no whole pages: one range, and the plain message.
+  auto capped = make(std::vector<pool_config>{sliced(64 * mib, 8 * mib, 128 * mib)});
+  const std::string plain = capped->reserve(9 * mib).err().message();
+  EXPECT_FALSE(contains(plain, "the layout takes")) << plain;
+  EXPECT_TRUE(contains(plain, "the largest pool takes " + std::to_string(8 * mib) + " bytes")) << plain;
+}
+
 TEST(BadInputReserve, LargerThanTheDeviceCapacity) {
   auto m = make(preset::sub_slices, 4 * gib);
   for (std::uint64_t size : {4 * gib + 1, 64 * gib, u64_max}) {
@@ -169,6 +188,9 @@ TEST(BadInputReserve, LargerThanTheDeviceCapacity) {
     EXPECT_EQ(r.err().size, size);
     EXPECT_EQ(r.err().limit, 4 * gib) << "the limit is the device's capacity";
     EXPECT_TRUE(contains(r.err().message(), std::to_string(size))) << r.err().message();
+    EXPECT_TRUE(contains(r.err().message(),
+                         "larger than the device, which takes " + std::to_string(4 * gib) + " bytes at most"))
+        << r.err().message();
   }
   // In persistent mode too: the persistent pool has no size limit of its own.
   m->mode(allocation_mode::persistent);

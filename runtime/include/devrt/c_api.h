@@ -146,7 +146,8 @@ DEVRT_C_EXPORT void devrt_options_default(devrt_options* options);
 
 /* Starts devrt. NULL options: the defaults. Errors: ALREADY_INITIALIZED (devrt runs: the first
  * call of any other function starts it; call devrt_init before that, or devrt_shutdown first),
- * INVALID_LAYOUT, INVALID_VALUE (a bad log level or version). */
+ * INVALID_LAYOUT, INVALID_VALUE (a bad log level or version, or a malformed DEVRT_* variable or
+ * config file when the environment is read). */
 DEVRT_C_EXPORT int devrt_init(const devrt_options* options);
 
 /* Frees every allocation still live, stops devrt and waits for its threads. Later calls fail
@@ -191,11 +192,13 @@ DEVRT_C_EXPORT int devrt_record_stream(void* ptr, void* stream);
  * INVALID_DEVICE, DEVICE, NOT_INITIALIZED. */
 DEVRT_C_EXPORT int devrt_retire_stream(int device, void* stream);
 
-/* The size `ptr` was allocated with. Errors: UNKNOWN_POINTER, INVALID_VALUE (size is NULL). */
+/* The size `ptr` was allocated with. Errors: UNKNOWN_POINTER, INVALID_VALUE (size is NULL),
+ * NOT_INITIALIZED. */
 DEVRT_C_EXPORT int devrt_allocation_size(void* ptr, size_t* size);
 
 /* Statistics of a device, after the frees made so far: the fields of `version` (1: up to `streams`;
- * 2: all). Errors: INVALID_VALUE (a NULL struct, an unknown version), INVALID_DEVICE. */
+ * 2: up to `wakes`; 3: all). Errors: INVALID_VALUE (a NULL struct, an unknown version),
+ * INVALID_DEVICE. */
 DEVRT_C_EXPORT int devrt_get_stats_v(int device, devrt_stats* stats, int version);
 /* The version-1 fields only: the symbol programs built against the first header call. Programs
  * built against this one call devrt_get_stats_v through the macro below. */

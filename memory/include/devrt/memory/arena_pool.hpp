@@ -84,6 +84,10 @@ class arena_pool {
   ~arena_pool();
 
   [[nodiscard]] bool accept(std::uint64_t size) const noexcept { return size <= max_alloc_; }
+  /// The sizes `accept` takes, as inclusive ranges appended to `out` (for error messages).
+  void accepted_sizes(std::vector<std::pair<std::uint64_t, std::uint64_t>>& out) const {
+    out.emplace_back(0, max_alloc_);
+  }
   /// Always nullptr: placing a slice may need mapping, which can fail, so `alloc` does it all.
   static detail::descriptor* try_reserve(pool_context& /*ctx*/, std::uint64_t /*size*/) noexcept { return nullptr; }
   /// Reserves the address range on first use, places the slice best fit and maps the granules it

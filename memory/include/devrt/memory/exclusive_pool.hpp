@@ -29,6 +29,9 @@ class exclusive_pool {
   ~exclusive_pool();
 
   [[nodiscard]] bool accept(std::uint64_t size) const noexcept { return size <= max_alloc_; }
+  void accepted_sizes(std::vector<std::pair<std::uint64_t, std::uint64_t>>& out) const {
+    out.emplace_back(0, max_alloc_);
+  }
   detail::descriptor* try_reserve(pool_context& ctx, std::uint64_t size);
   result<detail::descriptor*> alloc(pool_context& ctx, std::uint64_t size);
   void release(pool_context& ctx, const location& loc);

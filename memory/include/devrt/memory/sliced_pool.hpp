@@ -33,6 +33,8 @@ class sliced_pool {
   /// Whether this pool serves `size`: up to the largest slice, or (uncapped pools only) a size that
   /// leaves less than a fifth of a page unused.
   [[nodiscard]] bool accept(std::uint64_t size) const noexcept;
+  /// The sizes `accept` takes, as inclusive ranges appended to `out` (for error messages).
+  void accepted_sizes(std::vector<std::pair<std::uint64_t, std::uint64_t>>& out) const;
   /// A free slice of at least `size`, split to fit; nullptr if none.
   detail::descriptor* try_reserve(pool_context& ctx, std::uint64_t size);
   /// Allocates a new page and reserves from it. Errors: pool_capacity_exceeded, storage errors.
