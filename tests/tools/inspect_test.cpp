@@ -488,6 +488,24 @@ TEST(InspectConfig, ValidFileAndWhereEachSettingComesFrom) {
       << json.out;
 }
 
+TEST(InspectConfig, EverySettingOfTheFileIsShown) {
+  scratch_dir dir;
+  const std::string path =
+      write_plain(dir.file("devrt.conf"), "cuda_devices = 0,2\nserve_in_place = off\nmemory_limit = 80%\n");
+  const run_output o = run({"--config", path});
+  EXPECT_EQ(o.code, 0) << o.err;
+  EXPECT_TRUE(contains(o.out, "cuda_devices       0,2       file\n")) << o.out;
+  EXPECT_TRUE(contains(o.out, "serve_in_place     false     file\n")) << o.out;
+  EXPECT_TRUE(contains(o.out, "memory_limit       80%       file\n")) << o.out;
+
+  const std::string empty = write_plain(dir.file("empty.conf"), "# nothing set\n");
+  const run_output d = run({"--config", empty}, {{"DEVRT_MEMORY_LIMIT", "40GiB"}});
+  EXPECT_EQ(d.code, 0) << d.err;
+  EXPECT_TRUE(contains(d.out, "cuda_devices       all        default\n")) << d.out;
+  EXPECT_TRUE(contains(d.out, "serve_in_place     true       default\n")) << d.out;
+  EXPECT_TRUE(contains(d.out, "memory_limit       40.00 GiB  environment DEVRT_MEMORY_LIMIT\n")) << d.out;
+}
+
 TEST(InspectConfig, SettingTheDefaultValueCountsAsSet) {
   scratch_dir dir;
   const std::string path = write_plain(dir.file("devrt.conf"), "log_level = disabled\n");

@@ -1,6 +1,7 @@
 #include "inspect/cli.hpp"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <algorithm>
 #include <charconv>
@@ -403,6 +404,20 @@ struct setting {
   std::string source;
 };
 
+// A config file's device list as the file writes it: "all" when none is given.
+std::string devices_text(const std::optional<std::vector<int>>& d) {
+  if (!d) return "all";
+  if (d->empty()) return "none";
+  return fmt::format("{}", fmt::join(*d, ","));
+}
+
+// A config file's memory limit: bytes, a share of each device, or "none".
+std::string limit_text(const std::optional<runtime::memory_limit_spec>& m) {
+  if (!m || (m->share <= 0 && m->bytes == 0)) return "none";
+  if (m->share > 0) return fmt::format("{:g}%", m->share * 100);
+  return memory::format_bytes(m->bytes);
+}
+
 int run_config(const cli_options& o, std::ostream& out, const runtime::env_lookup& env) {
   const std::string& path = *o.config;
   const bool readable = std::ifstream(path).good();
@@ -431,6 +446,9 @@ int run_config(const cli_options& o, std::ostream& out, const runtime::env_looku
                                 ? memory::persistent_policy::enabled
                                 : memory::persistent_policy::enforced;
   other.log = other.log == runtime::log_level::full ? runtime::log_level::basic : runtime::log_level::full;
+  other.cuda_devices = std::vector<int>{-1};  // no file sets this: it is not a device index
+  other.serve_in_place = !other.serve_in_place;
+  other.memory_limit = runtime::memory_limit_spec{1, 0};
   if (auto r = runtime::apply_config_file(other, path); !r) return fail(r.err());
   // The file, then the environment: what a runtime started with this file would use.
   auto resolved = runtime::load_config(path, env);
@@ -444,6 +462,12 @@ int run_config(const cli_options& o, std::ostream& out, const runtime::env_looku
       {"persistent_memory", memory::to_string(resolved->persistent_memory),
        source(from_defaults.persistent_memory == other.persistent_memory, "DEVRT_PERSISTENT_MEMORY")},
       {"log_level", runtime::to_string(resolved->log), source(from_defaults.log == other.log, "DEVRT_LOG_LEVEL")},
+      {"cuda_devices", devices_text(resolved->cuda_devices),
+       source(from_defaults.cuda_devices == other.cuda_devices, "DEVRT_CUDA_DEVICES")},
+      {"serve_in_place", resolved->serve_in_place ? "true" : "false",
+       source(from_defaults.serve_in_place == other.serve_in_place, "DEVRT_SERVE_IN_PLACE")},
+      {"memory_limit", limit_text(resolved->memory_limit),
+       source(limit_text(from_defaults.memory_limit) == limit_text(other.memory_limit), "DEVRT_MEMORY_LIMIT")},
   };
   if (o.json) {
     json_object s;
@@ -484,8 +508,9 @@ their sizes aligned to the device and the request sizes each one serves.
                     (default: the default preset)
   --check L         whether layout L is valid on the device; if not, what is wrong and what to
                     change
-  --config FILE     validate a devrt config file (persistent_memory, log_level) and show the
-                    settings a runtime started with it uses, DEVRT_* variables included
+  --config FILE     validate a devrt config file (persistent_memory, log_level, cuda_devices,
+                    serve_in_place, memory_limit) and show the settings a runtime started with
+                    it uses, DEVRT_* variables included
   snapshot ...      replay an allocation trace and write its memory snapshot (PyTorch's format)
   --json            one JSON object on stdout
   --bytes           sizes as numbers of bytes

@@ -6,8 +6,9 @@
 //     log_level = basic                   # disabled | basic | full
 //     cuda_devices = 0,2                  # CUDA device indices to use, or none
 //     memory_limit = 0.8                  # per device: bytes (40GiB) or a share of it (0.8, 80%)
+//     serve_in_place = true               # a client thread serves its message when the actor is idle
 // Environment (overrides the file): DEVRT_PERSISTENT_MEMORY, DEVRT_LOG_LEVEL, DEVRT_CUDA_DEVICES,
-// DEVRT_MEMORY_LIMIT, and DEVRT_CONFIG, the path of the file.
+// DEVRT_MEMORY_LIMIT, DEVRT_SERVE_IN_PLACE, and DEVRT_CONFIG, the path of the file.
 #pragma once
 
 #include <functional>
