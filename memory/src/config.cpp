@@ -68,7 +68,10 @@ std::vector<pool_options> sub_slices(const device_properties& props) {
   std::uint64_t current = max_page;
   unsigned base = 1;
   while (current >= 32 * mib) {
-    current = align_up(current / 4, align);
+    // A page can shrink no further than the alignment: a large alignment ends the ladder.
+    const std::uint64_t next = align_up(current / 4, align);
+    if (next >= current) break;
+    current = next;
     ladder.push_back(pool_options{pool_kind::sliced, current, current >> base, std::nullopt, std::nullopt});
     ++base;
   }

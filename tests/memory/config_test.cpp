@@ -106,6 +106,23 @@ TEST(RefConfigPresets, SubSlicesSmallDeviceHasNoLadder) {
   EXPECT_EQ(preset_pools(preset::sub_slices, odd).back().page_size, 16 * MiB);
 }
 
+TEST(RefConfigPresets, SubSlicesWithALargeAlignmentEndsTheLadder) {
+  // Pages cannot shrink below the alignment: the ladder stops where a quarter page would not be
+  // smaller than the page (it once looped for ever from 32 MiB up).
+  for (const std::uint64_t align : {32 * MiB, 64 * MiB, GiB}) {
+    const device_properties props{4 * GiB, align, 0};
+    const std::vector<pool_options> pools = preset_pools(preset::sub_slices, props);
+    ASSERT_LE(pools.size(), 8u) << align;
+    for (std::size_t i = 1; i < pools.size(); ++i) {
+      EXPECT_EQ(pools[i].page_size % align, 0u) << align;
+      if (i + 1 < pools.size()) {
+        EXPECT_LT(pools[i].page_size, pools[i + 1].page_size) << align;
+      }
+    }
+    EXPECT_EQ(pools.back().page_size, 4 * GiB) << align;
+  }
+}
+
 // The bucket sizes of the exclusive-pages preset: exp(ln(32 KiB) + (ln(max) - ln(32 KiB)) * i / 23),
 // truncated, aligned up, consecutive duplicates removed.
 std::vector<std::uint64_t> expected_buckets(const device_properties& props) {
