@@ -8,7 +8,10 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <fstream>
+#include <limits>
 #include <new>
+#include <string>
 
 namespace devrt::devices {
 
@@ -16,14 +19,30 @@ namespace {
 // Pages at least this large come from mmap: zero-filled by the kernel and committed lazily.
 constexpr std::uint64_t mmap_threshold = 1ULL << 21;
 
-// What the machine can back at all: physical memory plus swap. Address ranges are reserved with
+// What the host can back for devrt: the memory available now (the kernel's MemAvailable) and free
+// swap, at most the machine's physical memory plus swap. Address ranges are reserved with
 // MAP_NORESERVE and memory is committed lazily, so without this bound the kernel grants mappings
-// far beyond the machine and the process is killed later, when the pages are touched.
+// far beyond what is free and the process is killed later, when the pages are touched; memory
+// that other processes hold when devrt starts is not devrt's to take.
 std::uint64_t machine_memory() noexcept {
   struct sysinfo si {};
   if (::sysinfo(&si) != 0) return 0;
   const std::uint64_t unit = si.mem_unit == 0 ? 1 : si.mem_unit;
-  return (static_cast<std::uint64_t>(si.totalram) + static_cast<std::uint64_t>(si.totalswap)) * unit;
+  const std::uint64_t total =
+      (static_cast<std::uint64_t>(si.totalram) + static_cast<std::uint64_t>(si.totalswap)) * unit;
+  std::ifstream meminfo("/proc/meminfo");
+  std::string key;
+  std::uint64_t kib = 0;
+  std::uint64_t available = 0;
+  int found = 0;
+  while (found < 2 && meminfo >> key >> kib) {
+    if (key == "MemAvailable:" || key == "SwapFree:") {
+      available += kib * 1024;
+      ++found;
+    }
+    meminfo.ignore(std::numeric_limits<std::streamsize>::max(), '\n');
+  }
+  return found == 2 && available > 0 ? std::min(available, total) : total;
 }
 }  // namespace
 

@@ -19,8 +19,8 @@ namespace devrt::devices {
 struct host_options {
   std::uint64_t alignment = 64;              ///< a power of two
   std::uint64_t max_page_size = 1ULL << 30;  ///< largest page the layouts ask for
-  /// Refuse allocations and mappings past this many bytes (0: the machine's physical memory plus
-  /// swap, read at construction).
+  /// Refuse allocations and mappings past this many bytes (0: the memory available and the free
+  /// swap when the storage is created, at most the machine's physical memory plus swap).
   std::uint64_t capacity = 0;
   std::uint64_t map_granularity = 1ULL << 21;  ///< unit of mapping into ranges (0: no ranges); a page multiple
 };
@@ -69,11 +69,11 @@ class host_storage {
   void release_range(memory::storage_id range);
 
   [[nodiscard]] std::uint64_t allocated_bytes() const noexcept { return allocated_; }
-  /// Bytes it may still allocate: the limit (the capacity, or the machine's memory and swap) less
+  /// Bytes it may still allocate: the limit (the capacity, or the host's available memory) less
   /// what it holds.
   [[nodiscard]] std::uint64_t device_free() const noexcept { return limit_ - std::min(allocated_, limit_); }
-  /// The bytes past which allocations and mappings are refused: the capacity, or the machine's
-  /// memory and swap when no capacity was given.
+  /// The bytes past which allocations and mappings are refused: the capacity, or the memory
+  /// available (and free swap) when the storage was created.
   [[nodiscard]] std::uint64_t limit() const noexcept { return limit_; }
   [[nodiscard]] std::size_t page_count() const noexcept { return pages_.size(); }
 
