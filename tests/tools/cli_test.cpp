@@ -103,7 +103,9 @@ INSTANTIATE_TEST_SUITE_P(
                       usage_case{{"t", "--json=yes"}, "option --json takes no value"},
                       usage_case{{"t", "--wait"}, "--wait needs --threads"},
                       usage_case{{"t", "--threads", "2", "--timeline", "x"}, "--timeline works in core mode only"},
-                      usage_case{{"t", "--gpu-lag", "0", "--device", "sim-gpu"}, "bad value for --gpu-lag: '0'"},
+                      usage_case{{"t", "--gpu-lag", "-1", "--device", "sim-gpu"}, "bad value for --gpu-lag: '-1'"},
+                      usage_case{{"t", "--timeline-format", "svg"}, "--timeline-format needs --timeline PREFIX"},
+                      usage_case{{"t", "--threads", "2", "--strict"}, "--strict in actor mode needs --wait"},
                       usage_case{{"t", "--gpu-lag", "2000000", "--device", "sim-gpu"},
                                  "bad value for --gpu-lag: '2000000'"},
                       usage_case{{"t", "--gpu-lag", "8"}, "--gpu-lag needs --device sim-gpu"},
@@ -120,6 +122,50 @@ TEST(ReplayCli, UnreadableOrMalformedTraceExitsOne) {
   const auto r = run({bad});
   EXPECT_EQ(r.code, 1);
   EXPECT_TRUE(contains(r.err, bad + ":2: size 'two'")) << r.err;
+}
+
+// Traces a replay cannot stand for: no events, sizes no allocation can have, bytes that are not
+// text; and a memory limit that rounds to nothing.
+TEST(ReplayCli, TracesAndLimitsThatMeanNothingAreRefused) {
+  scratch_dir dir;
+  const std::string empty = write_plain(dir.file("empty.trace"), "");
+  const auto e = run({empty});
+  EXPECT_EQ(e.code, 1);
+  EXPECT_TRUE(contains(e.err, empty + ": the trace has no events")) << e.err;
+
+  const std::string huge = write_plain(dir.file("huge.trace"), "a 0 100\na 1 9223372036854775808\n");
+  const auto h = run({huge});
+  EXPECT_EQ(h.code, 1);
+  EXPECT_TRUE(contains(h.err, huge + ":2: size 9223372036854775808 is larger than an allocation can be")) << h.err;
+
+  const std::string many = write_plain(dir.file("many.trace"),
+                                       "a 0 4611686018427387904\na 1 4611686018427387904\na 2 "
+                                       "4611686018427387904\na 3 4611686018427387904\n");
+  const auto m = run({many});
+  EXPECT_EQ(m.code, 1);
+  EXPECT_TRUE(contains(m.err, many + ":4: with 4611686018427387904 more bytes the live bytes")) << m.err;
+
+  const std::string nul = write_plain(dir.file("nul.trace"), std::string("a 0 100\0\n", 9));
+  const auto n = run({nul});
+  EXPECT_EQ(n.code, 1);
+  EXPECT_TRUE(contains(n.err, "size '100\\x00' is not a non-negative integer")) << n.err;
+
+  const std::string ok = write_plain(dir.file("ok.trace"), by_hand);
+  const auto tiny = run({ok, "--memory-limit", "0.000000001x"});
+  EXPECT_EQ(tiny.code, 2);
+  EXPECT_TRUE(contains(tiny.err, "is under 1 byte(s)")) << tiny.err;
+  EXPECT_TRUE(tiny.out.empty());
+}
+
+TEST(ReplayCli, TheGpuLagIsShownAndZeroIsTheDefault) {
+  scratch_dir dir;
+  const std::string path = write_plain(dir.file("hand.trace"), by_hand);
+  const auto idle = run({path, "--device", "sim-gpu", "--gpu-lag", "0", "--json"});
+  ASSERT_EQ(idle.code, 0) << idle.err;
+  EXPECT_TRUE(contains(idle.out, "\"gpu_lag\": 0")) << idle.out;
+  const auto busy = run({path, "--device", "sim-gpu", "--gpu-lag", "3"});
+  ASSERT_EQ(busy.code, 0) << busy.err;
+  EXPECT_TRUE(contains(busy.out, "layout auto, the GPU 3 events behind\n")) << busy.out;
 }
 
 TEST(ReplayCli, HumanOutputHasEveryFigure) {
@@ -203,7 +249,7 @@ TEST(ReplayCli, ActorModeRuns) {
   const std::string path = write_plain(dir.file("hand.trace"), by_hand);
   const auto r = run({path, "--threads", "2", "--layout", "sliced:page=4KiB"});
   ASSERT_EQ(r.code, 0) << r.err;
-  EXPECT_TRUE(contains(r.out, "replay         actor, 2 threads, create(), sim, layout")) << r.out;
+  EXPECT_TRUE(contains(r.out, "replay         actor, 2 threads, create(), sim-h200, layout")) << r.out;
   EXPECT_TRUE(contains(r.out, "events         8 (4 allocations, 4 frees, ")) << r.out;
   EXPECT_TRUE(contains(r.out, "peak in use    ")) << r.out;
 }

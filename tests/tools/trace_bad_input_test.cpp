@@ -48,7 +48,7 @@ INSTANTIATE_TEST_SUITE_P(
         malformed{"fractional size", "a 0 1.5\n", trace_format::devrt, "bad.trace:1:", "size '1.5'"},
         malformed{"NUL in a size", std::string("a 0 1\0\n", 7), trace_format::devrt, "bad.trace:1:", "size '1"},
         malformed{"text after a tab", "a 0 10\tx\n", trace_format::devrt, "bad.trace:1:", "unexpected 'x'"},
-        malformed{"old Mac line endings", "a 0 1\rf 0\r", trace_format::devrt, "bad.trace:1:", "size '1\rf'"},
+        malformed{"old Mac line endings", "a 0 1\rf 0\r", trace_format::devrt, "bad.trace:1:", "size '1\\x0df'"},
         malformed{"a long garbage line", std::string(5000, 'z') + "\n", trace_format::devrt,
                   "bad.trace:1:", "unknown event 'zzzzzzzzzz"},
         malformed{"a long size", "a 0 " + std::string(3000, '9') + "\n", trace_format::devrt,

@@ -369,7 +369,7 @@ Replays an allocation trace against devrt and reports time per event and memory 
                           "arena:granule=8MiB,slack=64MiB"
   --threads N             actor mode: N client threads of one runtime (ids spread by id % N)
   --wait                  actor mode: reserve().get() per allocation instead of create()
-  --strict                stop at the first failed reserve (exit code 1)
+  --strict                stop at the first failed reserve (exit code 1; in actor mode, with --wait)
   --memory-limit L        the device's memory limit: bytes (3GiB), or F times the trace's peak of
                           live bytes (1.05x); devrt's limit (devrt_set_memory_limit), and for a
                           baseline a balloon (cudaMalloc of what is free beyond it) that leaves
@@ -393,6 +393,7 @@ cannot be used, 2 bad usage (also: a CUDA option in a build without CUDA).
 
 result<cli_options> parse_args(const std::vector<std::string>& args) {
   cli_options o;
+  bool format_given = false;
   bool have_trace = false;
   for (std::size_t i = 0; i < args.size(); ++i) {
     std::string name = args[i];
@@ -489,8 +490,8 @@ result<cli_options> parse_args(const std::vector<std::string>& args) {
       auto v = value();
       if (!v) return std::move(v).err();
       std::uint64_t n = 0;
-      if (!parse_count(*v, n) || n == 0 || n > 1'000'000) {
-        return usage_error(fmt::format("bad value for --gpu-lag: '{}' (expected 1 to 1000000 events)", *v));
+      if (!parse_count(*v, n) || n > 1'000'000) {
+        return usage_error(fmt::format("bad value for --gpu-lag: '{}' (expected 0 to 1000000 events)", *v));
       }
       o.gpu_lag = n;
     } else if (name == "--limit") {
@@ -509,6 +510,7 @@ result<cli_options> parse_args(const std::vector<std::string>& args) {
     } else if (name == "--timeline-format") {
       auto v = value();
       if (!v) return std::move(v).err();
+      format_given = true;
       o.timeline_png = *v == "png" || *v == "both";
       o.timeline_svg = *v == "svg" || *v == "both";
       if (!o.timeline_png && !o.timeline_svg) {
@@ -555,6 +557,11 @@ result<cli_options> parse_args(const std::vector<std::string>& args) {
   if (o.gpu_lag != 0 && (o.device != device_choice::sim_gpu || o.threads != 0)) {
     return usage_error("--gpu-lag needs --device sim-gpu in core mode (no --threads)");
   }
+  if (format_given && !o.timeline_prefix) return usage_error("--timeline-format needs --timeline PREFIX");
+  if (o.strict && o.threads != 0 && !o.wait) {
+    return usage_error(
+        "--strict in actor mode needs --wait: create() reports a failed reserve only when its handle is used");
+  }
   auto layout = memory::parse_layout(o.layout_text);
   if (!layout) return usage_error(fmt::format("bad value for --layout: {}", layout.err().message()));
   // A GPU's properties are known only once it is opened: the manager validates the layout then.
@@ -590,10 +597,23 @@ int run_cli(const std::vector<std::string>& args, std::ostream& out, std::ostrea
     return 1;
   }
   const std::uint64_t trace_events = t->events.size();
+  if (trace_events == 0) {
+    err << "devrt-replay: " << o.trace_path << ": the trace has no events\n";
+    return 1;
+  }
   if (o.limit) truncate(*t, *o.limit);
   if (o.memory_limit_factor > 0) {
-    o.memory_limit =
-        static_cast<std::uint64_t>(static_cast<double>(summarize(*t).peak_live_bytes) * o.memory_limit_factor);
+    const std::uint64_t peak = summarize(*t).peak_live_bytes;
+    const double bytes = static_cast<double>(peak) * o.memory_limit_factor;
+    // A limit of 0 bytes would mean none, and one past 2^64 cannot be set.
+    if (bytes < 1 || bytes >= 18446744073709551616.0) {
+      err << fmt::format(
+          "devrt-replay: --memory-limit {}x of the trace's peak of live bytes ({}) is {} byte(s): give a factor "
+          "whose limit is at least 1 byte and below 2^64, or a number of bytes\n(see devrt-replay --help)\n",
+          o.memory_limit_factor, peak, bytes < 1 ? "under 1" : "2^64 or more");
+      return 2;
+    }
+    o.memory_limit = static_cast<std::uint64_t>(bytes);
   }
 
   if (o.compare) return run_compare(o, *t, trace_events, read_seconds, out, err, err_is_terminal);
@@ -678,6 +698,7 @@ int run_cli(const std::vector<std::string>& args, std::ostream& out, std::ostrea
     field("unmaps", std::to_string(r->unmaps));
     if (r->allocator == "devrt") field("floor_maps", std::to_string(floor_maps(*r)));
     field("memory_limit_bytes", std::to_string(r->memory_limit));
+    field("gpu_lag", std::to_string(o.gpu_lag));
     if (r->driver_measured) {
       field("physical_creates", std::to_string(r->physical_creates));
       field("reused_allocations", std::to_string(r->reused_allocations));
@@ -705,7 +726,8 @@ int run_cli(const std::vector<std::string>& args, std::ostream& out, std::ostrea
     if (o.baseline) {
       out << fmt::format("replay         {} directly, {}\n", baseline_text(*o.baseline), r->device);
     } else {
-      out << fmt::format("replay         {}, {}, layout {}\n", mode, r->device, o.layout_text);
+      out << fmt::format("replay         {}, {}, layout {}{}\n", mode, r->device, o.layout_text,
+                         o.gpu_lag != 0 ? fmt::format(", the GPU {} events behind", o.gpu_lag) : "");
     }
     out << fmt::format(
         "events         {} ({} allocations, {} frees{})\n", group_digits(r->events), group_digits(r->allocations),

@@ -302,7 +302,8 @@ result<replay_result> replay_actor(const trace& t, const replay_options& o) {
   replay_result r;
   r.actor = true;
   r.threads = nt;
-  r.device = client.device().name;
+  // The simulated device's own name, as in core mode (the runtime names its device "sim").
+  r.device = sim ? ro.sim->name : client.device().name;
   for (const auto& d : done) r.events += d.done.load();
   if (o.progress) o.progress(r.events, total);
   for (std::size_t k = 0; k < nt; ++k) {

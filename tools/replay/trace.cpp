@@ -27,8 +27,21 @@ error trace_error(const char* kind, std::string_view origin, std::uint64_t line,
 /// gives a short message.
 std::string cut(std::string_view s) {
   constexpr std::size_t most = 60;
-  if (s.size() <= most) return std::string(s);
-  return fmt::format("{}...", s.substr(0, most));
+  const std::string_view shown = s.substr(0, most);
+  // Control bytes and bytes past ASCII are written as escapes: a message (or JSON holding it)
+  // stays printable text whatever the file holds.
+  std::string out;
+  out.reserve(shown.size() + 3);
+  for (const char c : shown) {
+    const auto u = static_cast<unsigned char>(c);
+    if (u < 0x20 || u >= 0x7f) {
+      out += fmt::format("\\x{:02x}", u);
+    } else {
+      out.push_back(c);
+    }
+  }
+  if (s.size() > most) out += "...";
+  return out;
 }
 
 /// A line or a token as quoted in errors.
@@ -115,19 +128,32 @@ std::uint32_t line32(std::uint64_t n) noexcept { return n > max_line ? max_line 
 
 /// Shared bookkeeping of both formats: new dense ids, frees with their sizes.
 struct builder {
+  static constexpr std::uint64_t max_size = std::uint64_t{1} << 62;  // as devrt_malloc
   trace& out;
   std::vector<id_state> states;
+  std::uint64_t live = 0;  // bytes of the allocations not freed yet
 
   result<std::uint32_t> add_alloc(std::uint64_t size, std::uint64_t line, std::string_view origin) {
     if (states.size() >= std::numeric_limits<std::uint32_t>::max() - 1) {
       return trace_error("too many allocations", origin, line, "more than 4294967294 allocations");
     }
+    // No allocation is larger; and the live bytes must have a total.
+    if (size > max_size) {
+      return trace_error("size too large", origin, line,
+                         fmt::format("size {} is larger than an allocation can be ({} bytes, 2^62)", size, max_size));
+    }
+    if (size > std::numeric_limits<std::uint64_t>::max() - live) {
+      return trace_error("live bytes overflow", origin, line,
+                         fmt::format("with {} more bytes the live bytes ({}) pass 2^64", size, live));
+    }
+    live += size;
     const auto id = static_cast<std::uint32_t>(states.size());
     states.push_back(id_state{size, line32(line), 0});
     out.events.push_back(trace_event{size, id, event_kind::alloc});
     return id;
   }
   void add_free(std::uint32_t id, std::uint64_t line) {
+    live -= states[id].size;
     states[id].free_line = line32(line);
     out.events.push_back(trace_event{states[id].size, id, event_kind::free});
   }
