@@ -537,6 +537,8 @@ TEST(InspectConfig, InvalidFileNamesTheLine) {
   const run_output bad_env = run({"--config", ok}, {{"DEVRT_LOG_LEVEL", "loud"}});
   EXPECT_EQ(bad_env.code, 1);
   EXPECT_TRUE(contains(bad_env.out, "DEVRT_LOG_LEVEL=loud")) << bad_env.out;
+  EXPECT_TRUE(contains(bad_env.out, "config file '" + ok + "' is valid, but the environment is not")) << bad_env.out;
+  EXPECT_FALSE(contains(bad_env.out, "is invalid")) << bad_env.out;
 }
 
 // ---- The command line ----

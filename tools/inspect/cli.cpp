@@ -421,20 +421,21 @@ std::string limit_text(const std::optional<runtime::memory_limit_spec>& m) {
 int run_config(const cli_options& o, std::ostream& out, const runtime::env_lookup& env) {
   const std::string& path = *o.config;
   const bool readable = std::ifstream(path).good();
-  const auto fail = [&](const error& e) {
-    const std::string hint = readable ? fix_hint(e, memory::device_properties{})
-                                      : std::string("check the path, and that the file can be read by this user");
+  // `file_ok`: the file itself is valid and a DEVRT_* variable is not.
+  const auto fail = [&](const error& e, bool file_ok = false) {
+    const std::string hint = file_ok ? std::string("give the DEVRT_* variable named above a valid value, or unset it")
+                             : readable ? fix_hint(e, memory::device_properties{})
+                                        : std::string("check the path, and that the file can be read by this user");
     if (o.json) {
-      out << json_object()
-                 .field("file", json_string(path))
-                 .field("valid", "false")
-                 .field("error", error_json(e, hint))
-                 .str()
-          << "\n";
-    } else {
-      out << fmt::format("config file '{}' is invalid\nerror    {}\n", path, e.message());
-      if (!hint.empty()) out << fmt::format("fix      {}\n", hint);
+      json_object j;
+      j.field("file", json_string(path)).field("valid", file_ok ? "true" : "false");
+      if (file_ok) j.field("environment_valid", "false");
+      out << j.field("error", error_json(e, hint)).str() << "\n";
+      return 1;
     }
+    out << fmt::format("config file '{}' is {}\nerror    {}\n", path,
+                       file_ok ? "valid, but the environment is not" : "invalid", e.message());
+    if (!hint.empty()) out << fmt::format("fix      {}\n", hint);
     return 1;
   };
   // Which settings the file sets: applied over the defaults and over other values, a setting the
@@ -452,7 +453,7 @@ int run_config(const cli_options& o, std::ostream& out, const runtime::env_looku
   if (auto r = runtime::apply_config_file(other, path); !r) return fail(r.err());
   // The file, then the environment: what a runtime started with this file would use.
   auto resolved = runtime::load_config(path, env);
-  if (!resolved) return fail(resolved.err());
+  if (!resolved) return fail(resolved.err(), true);  // the file applied cleanly: a variable is bad
 
   const auto source = [&](bool from_file, const char* variable) -> std::string {
     if (env(variable)) return fmt::format("environment {}{}", variable, from_file ? ", over the file" : "");
