@@ -42,6 +42,7 @@ __all__ = [
 ]
 
 HOST = -1
+MAX_ALLOCATION_SIZE = 1 << 62  # DEVRT_MAX_ALLOCATION_SIZE: larger sizes are SIZE_TOO_LARGE
 STREAM_LEGACY = 1
 STREAM_PER_THREAD = 2
 STREAM_DEVICE = 3
@@ -219,6 +220,33 @@ def last_error() -> str:
     return lib().devrt_last_error().decode(errors="replace")
 
 
+_U64_MAX = (1 << 64) - 1
+
+
+def _int_arg(value, what: str, name: str) -> int:
+    """An integer argument, checked before ctypes converts it (ctypes wraps values past its type's
+    range instead of refusing them)."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{what}: {name} is an int, not {type(value).__name__} ({value!r})")
+    return value
+
+
+def _u64_arg(value, what: str, name: str) -> int:
+    value = _int_arg(value, what, name)
+    if value < 0 or value > _U64_MAX:
+        raise ValueError(f"{what}: {name} is a number of bytes from 0 to 2**64 - 1, not {value}")
+    return value
+
+
+def _text_arg(value, what: str, name: str) -> Optional[bytes]:
+    """A str argument (None passes as NULL)."""
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        raise TypeError(f"{what}: {name} is a str, not {type(value).__name__} ({value!r})")
+    return value.encode()
+
+
 def init(use_cuda: bool = True, host_layout: Optional[str] = None, cuda_layout: Optional[str] = None,
          log_level: Optional[str] = None, host_capacity: int = 0, use_environment: bool = True) -> None:
     """Starts devrt (before any other call; the first call otherwise starts it with the defaults).
@@ -228,10 +256,10 @@ def init(use_cuda: bool = True, host_layout: Optional[str] = None, cuda_layout: 
     l.devrt_options_default(ctypes.byref(o))
     o.version = _C_API_VERSION
     o.use_cuda = 1 if use_cuda else 0
-    o.host_layout = host_layout.encode() if host_layout is not None else None
-    o.cuda_layout = cuda_layout.encode() if cuda_layout is not None else None
-    o.log_level = log_level.encode() if log_level is not None else None
-    o.host_capacity = int(host_capacity)
+    o.host_layout = _text_arg(host_layout, "init", "host_layout")
+    o.cuda_layout = _text_arg(cuda_layout, "init", "cuda_layout")
+    o.log_level = _text_arg(log_level, "init", "log_level")
+    o.host_capacity = _u64_arg(host_capacity, "init", "host_capacity")
     o.use_environment = 1 if use_environment else 0
     _check(l.devrt_init(ctypes.byref(o)))
 
@@ -254,8 +282,12 @@ def device_count() -> int:
 
 def malloc(size: int, device: int = HOST, stream=None) -> int:
     """Allocates ``size`` bytes on ``device`` for use on ``stream``; returns the address."""
+    size = _int_arg(size, "malloc", "size")
     if size < 0:
         raise DevrtError(ERROR_SIZE_TOO_LARGE, "DEVRT_ERROR_SIZE_TOO_LARGE", f"malloc: negative size {size}")
+    if size > MAX_ALLOCATION_SIZE:
+        raise DevrtError(ERROR_SIZE_TOO_LARGE, "DEVRT_ERROR_SIZE_TOO_LARGE",
+                         f"malloc: size {size} is larger than devrt allocates ({MAX_ALLOCATION_SIZE} bytes, 2**62)")
     p = ctypes.c_void_p()
     _check(lib().devrt_malloc(ctypes.byref(p), size, device, _stream(stream)))
     return p.value or 0
@@ -311,8 +343,8 @@ def set_memory_limit(device: int, limit: int) -> None:
     allocations past it raise ``DevrtOutOfMemoryError``; below what the device holds, its free
     memory goes back at once. At start, ``DEVRT_MEMORY_LIMIT`` (40GiB, 0.8, 80%) sets it on every
     device. ``devrt.torch.set_per_process_memory_fraction`` takes a share of a GPU."""
-    if isinstance(limit, bool) or not isinstance(limit, int) or limit < 0:
-        raise ValueError(f"set_memory_limit: the limit is a number of bytes >= 0, not {limit!r}")
+    if isinstance(limit, bool) or not isinstance(limit, int) or limit < 0 or limit > _U64_MAX:
+        raise ValueError(f"set_memory_limit: the limit is a number of bytes from 0 to 2**64 - 1, not {limit!r}")
     _check(lib().devrt_set_memory_limit(int(device), limit))
 
 
@@ -325,7 +357,9 @@ def get_memory_limit(device: int = HOST) -> int:
 
 def configure(device: int, layout: str) -> None:
     """Replaces the device's pool layout; a bad layout, or live memory, keeps the current one."""
-    _check(lib().devrt_configure(device, layout.encode()))
+    if layout is None:
+        raise TypeError("configure: layout is a str (a layout string such as \"auto\"), not None")
+    _check(lib().devrt_configure(device, _text_arg(layout, "configure", "layout")))
 
 
 def _text(call, what: str) -> bytes:

@@ -158,6 +158,38 @@ class HostDevice(unittest.TestCase):
         self.assertEqual(devrt.stats(HOST)["live_allocations"], 0)
         devrt.free(devrt.malloc(10, HOST), HOST)  # still works
 
+    def test_arguments_ctypes_would_wrap_or_misread_are_refused(self):
+        before = devrt.stats(HOST)
+        with self.assertRaises(devrt.DevrtError) as c:
+            devrt.malloc(2**64 + 100, HOST)  # ctypes would pass 100
+        self.assertEqual(c.exception.status, devrt.ERROR_SIZE_TOO_LARGE)
+        self.assertIn(str(2**64 + 100), c.exception.message)
+        with self.assertRaises(TypeError) as t:
+            devrt.malloc("10", HOST)
+        self.assertIn("size is an int", str(t.exception))
+        with self.assertRaises(TypeError):
+            devrt.malloc(10.0, HOST)
+        with self.assertRaises(ValueError) as v:
+            devrt.set_memory_limit(HOST, 2**64 + 4096)  # ctypes would pass 4096
+        self.assertIn("2**64 - 1", str(v.exception))
+        self.assertEqual(devrt.get_memory_limit(HOST), 0)
+        with self.assertRaises(TypeError) as t:
+            devrt.configure(HOST, None)
+        self.assertIn("layout is a str", str(t.exception))
+        with self.assertRaises(TypeError):
+            devrt.configure(HOST, b"auto")
+        devrt.shutdown()
+        with self.assertRaises(ValueError) as v:
+            devrt.init(False, host_capacity=-5)
+        self.assertIn("host_capacity", str(v.exception))
+        with self.assertRaises(TypeError):
+            devrt.init(False, host_layout=7)
+        self.assertFalse(devrt.is_initialized())
+        restart()
+        after = devrt.stats(HOST)
+        self.assertEqual(after["allocations"], 0)
+        self.assertEqual(before["live_allocations"], 0)
+
     def test_out_of_memory_is_a_memory_error_with_the_sizes(self):
         restart(host_capacity=32 << 20)
         held = []
