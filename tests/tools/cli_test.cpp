@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "common/json_text.hpp"
 #include "replay/cli.hpp"
 #include "tools/tools_test_util.hpp"
 
@@ -155,6 +156,19 @@ TEST(ReplayCli, TracesAndLimitsThatMeanNothingAreRefused) {
   EXPECT_EQ(tiny.code, 2);
   EXPECT_TRUE(contains(tiny.err, "is under 1 byte(s)")) << tiny.err;
   EXPECT_TRUE(tiny.out.empty());
+}
+
+TEST(JsonText, EscapesWhatJsonForbidsAndKeepsUtf8) {
+  using devrt::tools::json_string;
+  EXPECT_EQ(json_string("a\"b\\c\n\t"), "\"a\\\"b\\\\c\\n\\t\"");
+  EXPECT_EQ(json_string(std::string("x\0y", 3)), "\"x\\u0000y\"");
+  EXPECT_EQ(json_string("caf\xc3\xa9 \xe2\x82\xac \xf0\x9f\x98\x80"), "\"caf\xc3\xa9 \xe2\x82\xac \xf0\x9f\x98\x80\"");
+  // Bytes that are no UTF-8: a stray continuation, a lone lead byte, an overlong form, a surrogate.
+  EXPECT_EQ(json_string("a\xff"), "\"a\\ufffd\"");
+  EXPECT_EQ(json_string("\x80z"), "\"\\ufffdz\"");
+  EXPECT_EQ(json_string("\xc3"), "\"\\ufffd\"");
+  EXPECT_EQ(json_string("\xc0\xaf"), "\"\\ufffd\\ufffd\"");
+  EXPECT_EQ(json_string("\xed\xa0\x80"), "\"\\ufffd\\ufffd\\ufffd\"");
 }
 
 TEST(ReplayCli, TheGpuLagIsShownAndZeroIsTheDefault) {

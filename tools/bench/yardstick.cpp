@@ -22,15 +22,18 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <charconv>
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
 #include <map>
 #include <set>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
+#include "common/json_text.hpp"
 #include "replay/replay.hpp"
 #include "replay/trace.hpp"
 
@@ -152,7 +155,11 @@ int main(int argc, char** argv) {
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--rounds" && i + 1 < argc) {
-      rounds = std::max(1, std::atoi(argv[++i]));
+      const std::string_view v = argv[++i];
+      const auto [end, ec] = std::from_chars(v.data(), v.data() + v.size(), rounds);
+      if (ec != std::errc() || end != v.data() + v.size() || rounds < 1 || rounds > 100000) {
+        return usage(("bad value for --rounds: '" + std::string(v) + "' (expected 1 to 100000)").c_str());
+      }
     } else if (a == "--layout" && i + 1 < argc) {
       layout_text = argv[++i];
     } else if (a == "--json") {
@@ -178,7 +185,11 @@ int main(int argc, char** argv) {
   for (const std::string& path : paths) {
     auto t = replay::read_trace(path);
     if (!t) {
-      std::fprintf(stderr, "devrt_bench_yardstick: %s: %s\n", path.c_str(), t.err().message().c_str());
+      std::fprintf(stderr, "devrt_bench_yardstick: %s\n", replay::trace_error_text(t.err()).c_str());
+      return 1;
+    }
+    if (t->events.empty()) {
+      std::fprintf(stderr, "devrt_bench_yardstick: %s: the trace has no events\n", path.c_str());
       return 1;
     }
     std::vector<double> devrt_ns;
@@ -210,8 +221,8 @@ int main(int argc, char** argv) {
     if (name.ends_with(".trace.gz")) name.resize(name.size() - 9);
     if (devrt_only) {
       if (json) {
-        fmt::print("{{\"trace\": \"{}\", \"rounds\": {}, \"layout\": \"{}\", \"devrt_ns_per_event\": {:.1f}}}\n", name,
-                   rounds, layout_text, d);
+        fmt::print("{{\"trace\": {}, \"rounds\": {}, \"layout\": {}, \"devrt_ns_per_event\": {:.1f}}}\n",
+                   tools::json_string(name), rounds, tools::json_string(layout_text), d);
       } else {
         fmt::print("| {} | {:.1f} | - | - | {:.3f} | - | {} / {} |\n", name, d, last.ratio, last.maps, last.unmaps);
       }
@@ -221,12 +232,13 @@ int main(int argc, char** argv) {
     const double y = median(yard_ns);
     if (json) {
       fmt::print(
-          "{{\"trace\": \"{}\", \"rounds\": {}, \"layout\": \"{}\", \"devrt_ns_per_event\": {:.1f}, "
+          "{{\"trace\": {}, \"rounds\": {}, \"layout\": {}, \"devrt_ns_per_event\": {:.1f}, "
           "\"yardstick_ns_per_event\": {:.1f}, \"ratio_of_medians\": {:.3f}, \"ratio\": {:.3f}, "
           "\"peak_live_bytes\": {}, \"peak_reserved_bytes\": {}, \"peak_ratio\": {:.3f}, "
           "\"yardstick_peak_ratio\": {:.3f}, \"maps\": {}, \"unmaps\": {}, \"failures\": {}}}\n",
-          name, rounds, layout_text, d, y, d / y, median(ratios), last.peak_live_bytes, last.peak_reserved_bytes,
-          last.ratio, static_cast<double>(yard.high_water) / live, last.maps, last.unmaps, last.failures);
+          tools::json_string(name), rounds, tools::json_string(layout_text), d, y, d / y, median(ratios),
+          last.peak_live_bytes, last.peak_reserved_bytes, last.ratio, static_cast<double>(yard.high_water) / live,
+          last.maps, last.unmaps, last.failures);
     } else {
       fmt::print("| {} | {:.1f} | {:.1f} | {:.2f} | {:.3f} | {:.3f} | {} / {} |\n", name, d, y, median(ratios),
                  last.ratio, static_cast<double>(yard.high_water) / live, last.maps, last.unmaps);

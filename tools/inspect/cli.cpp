@@ -10,6 +10,7 @@
 #include <utility>
 #include <variant>
 
+#include "common/json_text.hpp"
 #include "devrt/devices/host_storage.hpp"
 #include "devrt/devices/sim_storage.hpp"
 #include "devrt/memory/config.hpp"
@@ -34,25 +35,7 @@ error device_error(std::string what) {
   return e;
 }
 
-std::string json_string(std::string_view s) {
-  std::string out = "\"";
-  for (const char c : s) {
-    switch (c) {
-      case '"': out += "\\\""; break;
-      case '\\': out += "\\\\"; break;
-      case '\n': out += "\\n"; break;
-      case '\r': out += "\\r"; break;
-      case '\t': out += "\\t"; break;
-      default:
-        if (static_cast<unsigned char>(c) < 0x20) {
-          out += fmt::format("\\u{:04x}", static_cast<unsigned>(static_cast<unsigned char>(c)));
-        } else {
-          out += c;
-        }
-    }
-  }
-  return out + "\"";
-}
+using tools::json_string;
 
 std::string json_number(const std::optional<std::uint64_t>& v) { return v ? std::to_string(*v) : "null"; }
 

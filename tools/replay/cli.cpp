@@ -8,6 +8,8 @@
 #include <cstdlib>
 #include <string_view>
 
+#include "common/json_text.hpp"
+
 namespace devrt::replay {
 
 namespace {
@@ -26,25 +28,7 @@ bool parse_count(std::string_view s, std::uint64_t& out) {
   return ec == std::errc() && p == s.data() + s.size();
 }
 
-std::string json_string(std::string_view s) {
-  std::string out = "\"";
-  for (const char c : s) {
-    switch (c) {
-      case '"': out += "\\\""; break;
-      case '\\': out += "\\\\"; break;
-      case '\n': out += "\\n"; break;
-      case '\r': out += "\\r"; break;
-      case '\t': out += "\\t"; break;
-      default:
-        if (static_cast<unsigned char>(c) < 0x20) {
-          out += fmt::format("\\u{:04x}", static_cast<unsigned>(static_cast<unsigned char>(c)));
-        } else {
-          out += c;
-        }
-    }
-  }
-  return out + "\"";
-}
+using tools::json_string;
 
 std::string shell_quote(const std::string& s) {
   std::string out = "'";
