@@ -72,8 +72,8 @@ constexpr const char* usage_text =
     "  --threads N          worker threads (default 8)\n"
     "  --requests N         requests to serve (default 2000; with --trace: every chunk of the trace once)\n"
     "  --seed N             seed of the request distribution (default 1)\n"
-    "  --device D           auto (the first CUDA GPU if there is one, else host), host, cuda, sim, or\n"
-    "                       sim-gpu (a simulated H200 with a stream per worker, as on cuda)\n"
+    "  --device D           auto (the first CUDA GPU if there is one, else host), host, cuda, sim (a\n"
+    "                       simulated H200), or sim-gpu (the same with a stream per worker, as on cuda)\n"
     "  --layers N           layers of the model (default 4)\n"
     "  --hidden N           hidden size of the model, in 32-bit words (default 256)\n"
     "  --layout LAYOUT      pool layout: auto (default: an arena where the device maps memory), arena,\n"
@@ -659,7 +659,8 @@ int run(const settings& s) {
   opts.cuda_layout = s.layout;
   opts.use_cuda = s.device == device_choice::automatic || s.device == device_choice::cuda;
   if (s.device == device_choice::sim) {
-    opts.sim = devices::sim_options{};
+    // A simulated H200 (its properties, memory mapped in 2 MiB granules), without streams.
+    opts.sim = devices::sim_options::h200();
     opts.sim_layout = s.layout;
   }
   if (s.device == device_choice::sim_gpu) {
@@ -722,8 +723,10 @@ int run(const settings& s) {
       break;
   }
 
+  // A simulated device is named by its storage (sim-h200, sim-gpu), not the runtime's "sim".
+  const std::string device_name = opts.sim ? opts.sim->name : client.device().name;
   std::printf("%s: %d threads serving %llu requests on the %s device (layout %s)\n", program, s.threads,
-              static_cast<unsigned long long>(requests), client.device().name.c_str(), s.layout_text.c_str());
+              static_cast<unsigned long long>(requests), device_name.c_str(), s.layout_text.c_str());
   if (s.trace_path) {
     std::printf("requests: chunks of %llu events of %s (%llu events, %llu chunks)\n",
                 static_cast<unsigned long long>(s.events_per_request), s.trace_path->c_str(),
