@@ -40,7 +40,7 @@ constexpr family families[] = {
     {"devrt_reserves", true, false, "Successful reserves.", [](const auto& s, const auto&) { return s.reserves; }},
     {"devrt_failed_reserves", true, false, "Reserves that returned an error.",
      [](const auto& s, const auto&) { return s.failed_reserves; }},
-    {"devrt_out_of_memory_errors", true, false, "Reserves that failed because the device had no memory left.",
+    {"devrt_out_of_memory_errors", true, false, "Reserves and wakes that failed because the device had no memory left.",
      [](const auto& s, const auto&) { return s.out_of_memory_errors; }},
     {"devrt_device_refusals", true, false, "Allocations and maps the device refused (some were retried).",
      [](const auto& s, const auto&) { return s.out_of_memory; }},

@@ -117,7 +117,7 @@ typedef struct devrt_stats {
   uint64_t frees;                /* allocations freed */
   uint64_t failed_allocations;   /* allocation calls that failed (one per call; a call that succeeds after
                                     devrt reclaimed memory is no failure) */
-  uint64_t out_of_memory_errors; /* allocations that returned DEVRT_ERROR_OUT_OF_MEMORY */
+  uint64_t out_of_memory_errors; /* allocations and wakes that returned DEVRT_ERROR_OUT_OF_MEMORY */
   uint64_t driver_allocs;        /* memory obtained from the driver (calls) */
   uint64_t driver_frees;         /* memory returned to the driver (calls) */
   uint64_t maps;                 /* memory mapped into address ranges (calls) */
