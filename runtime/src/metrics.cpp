@@ -81,7 +81,7 @@ std::string runtime::metrics_text() const {
   for (std::size_t i = 0; i < actors.size(); ++i) {
     try {
       answers.emplace_back(actors[i]->info().name, asked[i].get());
-    } catch (const exception&) {
+    } catch (const std::exception&) {
       // A device that shut down has no figures to give: it is left out.
     }
   }

@@ -11,7 +11,12 @@ std::vector<memory::memory_snapshot> runtime::snapshot() const {
   for (const auto& a : actors) asked.push_back(compute_client(a).snapshot());
   std::vector<memory::memory_snapshot> out;
   for (std::size_t i = 0; i < actors.size(); ++i) {
-    memory::memory_snapshot s = asked[i].get();  // throws devrt::exception (shutdown) for a device gone
+    memory::memory_snapshot s;
+    try {
+      s = asked[i].get();
+    } catch (const std::exception&) {
+      continue;  // a device that shut down has no memory to show: it is left out
+    }
     const device_info& d = actors[i]->info();
     s.device = d.name;
     s.device_index = d.kind == device_kind::cuda ? d.index : -1;
@@ -27,7 +32,13 @@ void runtime::record_memory_history(bool enabled, std::size_t max_entries) const
   std::vector<decltype(std::declval<compute_client>().record_memory_history(true))> asked;
   asked.reserve(actors.size());
   for (const auto& a : actors) asked.push_back(compute_client(a).record_memory_history(enabled, max_entries));
-  for (auto& f : asked) f.get();
+  for (auto& f : asked) {
+    try {
+      f.get();
+    } catch (const std::exception&) {
+      // A device that shut down records nothing more.
+    }
+  }
 }
 
 }  // namespace devrt::runtime

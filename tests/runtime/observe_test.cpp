@@ -136,6 +136,24 @@ TEST(Metrics, OutOfMemoryErrorsAreCounted) {
   EXPECT_GE(m.at("devrt_failed_reserves_total").at("host").value, 1.0);
 }
 
+// After a shutdown the observers answer without the devices that are gone, as report() does,
+// rather than throw (a /metrics handler may run while the server shuts down).
+TEST(Metrics, AfterAShutdownTheObserversLeaveTheDevicesOut) {
+  runtime rt(with_sim());
+  auto keep = rt.host().reserve(1 << 20).get();
+  ASSERT_FALSE(rt.snapshot().empty());
+  rt.shutdown();
+  std::string text;
+  ASSERT_NO_THROW(text = rt.metrics_text());
+  EXPECT_TRUE(text.ends_with("# EOF\n")) << text;
+  EXPECT_EQ(text.find("device=\""), std::string::npos) << text;
+  std::vector<memory_snapshot> snaps;
+  ASSERT_NO_THROW(snaps = rt.snapshot());
+  EXPECT_TRUE(snaps.empty());
+  EXPECT_NO_THROW(rt.record_memory_history(true));
+  EXPECT_FALSE(rt.report().devices.empty()) << "report lists the devices with the reason";
+}
+
 TEST(RuntimeSnapshot, EveryDeviceInOrderConsistentWithItsStatistics) {
   runtime rt(with_sim());
   rt.record_memory_history(true, 1000);

@@ -123,17 +123,20 @@ class runtime {
   [[nodiscard]] runtime_report report() const;
   /// Every started device's snapshot (memory/snapshot.hpp), the host first, then the sim device,
   /// then the CUDA devices by index. `memory::to_pickle` writes them for PyTorch's memory viewer.
-  /// Not from a device strand.
+  /// A device that has shut down is left out (after `shutdown`, the list is empty). Not from a
+  /// device strand.
   [[nodiscard]] std::vector<memory::memory_snapshot> snapshot() const;
   /// Starts (or stops) recording the trace of memory events on every device, those started later
   /// included: at most `max_entries` per device (see compute_client::record_memory_history).
+  /// Devices that have shut down are passed over.
   void record_memory_history(bool enabled,
                              std::size_t max_entries = memory::memory_manager::default_history_entries) const;
   /// Every started device's gauges and counters in the OpenMetrics text format, for a server's
   /// /metrics: bytes reserved, in use, returning, held for streams and their peaks; reserves,
   /// failed reserves, maps, unmaps, driver allocations and frees, fences, stream waits, refusals
-  /// by the device, cleanups, reclaims, each labelled with its device. Ends with "# EOF".
-  /// Not from a device strand.
+  /// by the device, cleanups, reclaims, each labelled with its device. Ends with "# EOF". A device
+  /// that has shut down is left out (so after `shutdown` only the families' headers remain). Not
+  /// from a device strand.
   [[nodiscard]] std::string metrics_text() const;
 
  private:
