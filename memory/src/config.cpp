@@ -291,6 +291,15 @@ result<std::vector<pool_options>> resolve_layout(const memory_layout& layout, co
       }
     }
     if (s.dealloc_period && *s.dealloc_period == 0) return layout_error(errc::zero_size, i, "dealloc_period");
+    // A page is allocated whole: one larger than the device could never be, and every reserve of
+    // the pool would fail as out of memory.
+    if (props.capacity != 0 && page > props.capacity) {
+      error e = error::make(errc::malformed_layout, "a page larger than the device can never be allocated");
+      e.text = fmt::format("pool {}: page_size {} > the device's capacity {}", i, page, props.capacity);
+      e.size = page;
+      e.limit = props.capacity;
+      return e;
+    }
     out.push_back(pool_options{pool_kind::sliced, page, slice, s.max_pool_size, s.dealloc_period, std::nullopt});
   }
   return out;

@@ -472,6 +472,24 @@ TEST(RefParseLayout, ResultIsValidatedByResolve) {
   EXPECT_EQ(resolve_layout(*zero, kProps).code(), errc::zero_size);
 }
 
+// A sliced page is allocated whole: on a device of known capacity one larger than it is refused
+// when the layout is resolved, not by every reserve later as out of memory.
+TEST(RefParseLayout, APageLargerThanTheDeviceIsRefused) {
+  const device_properties small{1 * GiB, 512, 512 * MiB};
+  auto big = parse_layout("sliced:page=2GiB");
+  ASSERT_TRUE(big);
+  auto r = resolve_layout(*big, small);
+  ASSERT_EQ(r.code(), errc::malformed_layout);
+  EXPECT_EQ(r.err().size, 2 * GiB);
+  EXPECT_EQ(r.err().limit, 512 * MiB);
+  const std::string msg = r.err().message();
+  EXPECT_NE(msg.find("page_size 2147483648 > the device's capacity 536870912"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("can never be allocated"), std::string::npos) << msg;
+  // As large as the device is allowed, and so is any page where the capacity is unknown.
+  EXPECT_TRUE(resolve_layout(*parse_layout("sliced:page=512MiB"), small));
+  EXPECT_TRUE(resolve_layout(*big, device_properties{1 * GiB, 512, 0}));
+}
+
 TEST(RefParseLayout, Malformed) {
   struct bad_case {
     const char* text;
