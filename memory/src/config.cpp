@@ -58,7 +58,10 @@ std::string lower(std::string_view s) {
 
 std::vector<pool_options> sub_slices(const device_properties& props) {
   const std::uint64_t align = std::max<std::uint64_t>(props.alignment, 1);
-  const std::uint64_t max_page = std::max(props.max_page_size, align);
+  // No page larger than the device: a page is allocated whole.
+  const std::uint64_t largest =
+      props.capacity != 0 ? std::min(props.max_page_size, props.capacity / align * align) : props.max_page_size;
+  const std::uint64_t max_page = std::max(largest, align);
   std::vector<pool_options> pools;
   // Zero-size allocations get an exclusive pool of their own.
   pools.push_back(pool_options{pool_kind::exclusive, 0, 0, std::nullopt, std::nullopt});
@@ -294,8 +297,7 @@ result<std::vector<pool_options>> resolve_layout(const memory_layout& layout, co
     // A page is allocated whole: one larger than the device could never be, and every reserve of
     // the pool would fail as out of memory.
     if (props.capacity != 0 && page > props.capacity) {
-      error e = error::make(errc::malformed_layout, "a page larger than the device can never be allocated");
-      e.text = fmt::format("pool {}: page_size {} > the device's capacity {}", i, page, props.capacity);
+      error e = layout_error(errc::slice_larger_than_page, i, "page_size");
       e.size = page;
       e.limit = props.capacity;
       return e;

@@ -52,7 +52,7 @@ std::string error::message() const {
       return fmt::format("invalid argument: {}{}", detail, where);
     case errc::buffer_too_big:
       if (detail[0] != '\0') {
-        return fmt::format("cannot allocate {} bytes: {}, which takes {} bytes at most", size, detail, limit);
+        return fmt::format("cannot allocate {} bytes: {}: it takes {} bytes at most", size, detail, limit);
       }
       if (!text.empty()) {
         return fmt::format(
@@ -95,6 +95,12 @@ std::string error::message() const {
       if (std::string_view(detail) == "max_alloc_size") {
         return fmt::format("invalid layout{}: max ({} bytes) is larger than the arena's address space ({} bytes)",
                            where, size, limit);
+      }
+      if (std::string_view(detail) == "page_size") {
+        return fmt::format(
+            "invalid layout{}: page_size ({} bytes) is larger than the device ({} bytes), and a page is "
+            "allocated whole",
+            where, size, limit);
       }
       return fmt::format("invalid layout{}: max_slice_size ({} bytes) is larger than page_size ({} bytes)", where, size,
                          limit);

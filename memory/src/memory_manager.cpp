@@ -383,7 +383,11 @@ void memory_manager::harvest(bool complete_owed) {
     for_each_pool([&](dynamic_pool& pool) { visit_pool(pool, [&](auto& x) { x.cleanup(ctx_, true); }); });
     cleanup_owed_ = order_.reclaimable();
   }
-  (void)freed;
+  // Over the memory limit (set below what the device held), memory freed on a stream goes back
+  // once its fence has passed, as memory freed on the device's own stream does (release_to_pool).
+  if (freed && !capture_ && ctx_.limit != 0 && stats_.bytes_reserved > ctx_.limit) {
+    for_each_pool([&](dynamic_pool& pool) { visit_pool(pool, [&](auto& x) { x.cleanup(ctx_, true); }); });
+  }
 }
 
 bool memory_manager::reuse_fenced() {
@@ -578,7 +582,8 @@ result<detail::descriptor*> memory_manager::reserve_on(std::uint64_t size, tag_i
   const std::uint64_t limit = props_.capacity != 0 ? props_.capacity : max_reserve_size;
   if (size > limit) {
     // Also keeps every size far from overflow when it is rounded to the alignment.
-    error e = error::make(errc::buffer_too_big, "larger than the device");
+    error e = error::make(errc::buffer_too_big,
+                          props_.capacity != 0 ? "larger than the device" : "larger than devrt allocates");
     e.size = size;
     e.limit = limit;
     return e;

@@ -33,8 +33,9 @@ bool sliced_pool::accept(std::uint64_t size) const noexcept {
 
 void sliced_pool::accepted_sizes(std::vector<std::pair<std::uint64_t, std::uint64_t>>& out) const {
   out.emplace_back(0, max_alloc_);
-  // A whole page: (page - size) * 5 < page, so above four fifths of it.
-  if (!max_pages_) out.emplace_back(4 * page_size_ / 5 + 1, page_size_);
+  // A whole page: (page - size) * 5 < page, so above four fifths of it (written without 4 * page,
+  // which could wrap).
+  if (!max_pages_) out.emplace_back(page_size_ - (page_size_ + 4) / 5 + 1, page_size_);
 }
 
 location sliced_pool::loc_of(std::uint32_t slot) const noexcept {

@@ -188,8 +188,8 @@ TEST(BadInputReserve, LargerThanTheDeviceCapacity) {
     EXPECT_EQ(r.err().size, size);
     EXPECT_EQ(r.err().limit, 4 * gib) << "the limit is the device's capacity";
     EXPECT_TRUE(contains(r.err().message(), std::to_string(size))) << r.err().message();
-    EXPECT_TRUE(contains(r.err().message(),
-                         "larger than the device, which takes " + std::to_string(4 * gib) + " bytes at most"))
+    EXPECT_TRUE(
+        contains(r.err().message(), "larger than the device: it takes " + std::to_string(4 * gib) + " bytes at most"))
         << r.err().message();
   }
   // In persistent mode too: the persistent pool has no size limit of its own.

@@ -479,12 +479,23 @@ TEST(RefParseLayout, APageLargerThanTheDeviceIsRefused) {
   auto big = parse_layout("sliced:page=2GiB");
   ASSERT_TRUE(big);
   auto r = resolve_layout(*big, small);
-  ASSERT_EQ(r.code(), errc::malformed_layout);
+  ASSERT_EQ(r.code(), errc::slice_larger_than_page);
   EXPECT_EQ(r.err().size, 2 * GiB);
   EXPECT_EQ(r.err().limit, 512 * MiB);
+  EXPECT_EQ(r.err().text, "pool 0");
   const std::string msg = r.err().message();
-  EXPECT_NE(msg.find("page_size 2147483648 > the device's capacity 536870912"), std::string::npos) << msg;
-  EXPECT_NE(msg.find("can never be allocated"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("page_size (2147483648 bytes) is larger than the device (536870912 bytes)"), std::string::npos)
+      << msg;
+  // The presets never ask for such a page: their largest is the device's, written out it resolves.
+  for (const preset p : {preset::sub_slices, preset::exclusive_pages}) {
+    const auto pools = preset_pools(p, small);
+    for (const pool_options& o : pools) EXPECT_LE(o.page_size, small.capacity);
+  }
+  std::vector<pool_config> written;
+  for (const pool_options& o : preset_pools(preset::sub_slices, small)) {
+    if (o.kind == pool_kind::sliced) written.push_back(sliced_pool_config{o.page_size, o.max_alloc_size});
+  }
+  EXPECT_TRUE(resolve_layout(memory_layout(written), small)) << "the preset's pools, written out, are valid";
   // As large as the device is allowed, and so is any page where the capacity is unknown.
   EXPECT_TRUE(resolve_layout(*parse_layout("sliced:page=512MiB"), small));
   EXPECT_TRUE(resolve_layout(*big, device_properties{1 * GiB, 512, 0}));

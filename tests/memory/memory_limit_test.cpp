@@ -119,6 +119,50 @@ TEST(MemoryLimit, ALowerLimitGivesFreeMemoryBackAtOnceAndZeroLiftsIt) {
   EXPECT_EQ(m->check_invariants(), "");
 }
 
+// A limit lowered below live memory: what is freed later goes back rather than serve reserves past
+// the limit, on the device's stream and on a client stream alike (there once its fence has
+// passed: the memory may not be handed to another stream before).
+TEST(MemoryLimit, ALimitBelowLiveMemoryHoldsOnceTheMemoryIsFreedOnAnyStream) {
+  constexpr stream_id a_stream = 0x1000;
+  constexpr stream_id b_stream = 0x2000;
+  constexpr stream_id c_stream = 0x3000;
+  for (const stream_id freed_on : {streams::device, a_stream}) {
+    SCOPED_TRACE(freed_on == streams::device ? "the device's stream" : "a client stream");
+    devices::sim_options o;
+    o.streams = true;
+    o.props.map_granularity = 2 * mib;
+    auto store = storage::make<devices::sim_storage>(o);
+    devices::sim_storage* sim = store.backend<devices::sim_storage>();
+    manager_options opts;
+    opts.name = "sim";
+    memory_manager m(std::move(store), opts);
+    auto other = m.reserve(4096, b_stream).value();  // a second stream: frees are stream-tagged
+    std::vector<memory_handle> live;
+    for (int i = 0; i < 6; ++i) live.push_back(m.reserve(10 * mib, freed_on).value());
+    ASSERT_TRUE(m.set_memory_limit(16 * mib));
+    live.clear();
+    m.want_fences();
+    ASSERT_TRUE(m.end_batch());
+    sim->progress();  // every stream has passed the frees
+    ASSERT_TRUE(m.end_batch());
+    EXPECT_LE(m.statistics().bytes_reserved, 16 * mib);
+    std::vector<memory_handle> again;
+    int served = 0;
+    for (int i = 0; i < 6; ++i) {
+      auto r = m.reserve(10 * mib, c_stream);
+      if (r) {
+        ++served;
+        again.push_back(std::move(*r));
+      } else {
+        EXPECT_EQ(r.code(), errc::out_of_memory) << r.err().message();
+      }
+    }
+    EXPECT_EQ(served, 1) << "10 MiB fits a 16 MiB limit once";
+    EXPECT_LE(m.statistics().bytes_in_use, 16 * mib);
+    EXPECT_EQ(m.check_invariants(), "");
+  }
+}
+
 TEST(MemoryLimit, FarFromTheBudgetTheArenaMapsLessAndUnmapsNothingNearItItTrims) {
   // No capacity and no limit: no budget, the tight policy. A device of 64 GiB: far from it.
   auto tight = manager(0, 0);

@@ -215,6 +215,10 @@ std::string fix_hint(const error& e, const memory::device_properties& props,
             "(page={} or more)",
             layout_size(e.limit), layout_size(e.size));
       }
+      if (std::string_view(e.detail) == "page_size") {
+        return fmt::format("a page is allocated whole: make it no larger than the device (page={} or less)",
+                           layout_size(e.limit));
+      }
       return fmt::format("lower {} to at most {} bytes, or raise the limit it is checked against", e.detail, e.limit);
     case errc::cap_smaller_than_page: {
       const std::uint64_t page_fits = e.size / align * align;
