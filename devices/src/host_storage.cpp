@@ -34,15 +34,22 @@ std::uint64_t machine_memory() noexcept {
   std::string key;
   std::uint64_t kib = 0;
   std::uint64_t available = 0;
-  int found = 0;
-  while (found < 2 && meminfo >> key >> kib) {
-    if (key == "MemAvailable:" || key == "SwapFree:") {
-      available += kib * 1024;
-      ++found;
+  std::uint64_t swap_free = 0;
+  bool have_available = false;
+  bool have_swap = false;
+  while (!(have_available && have_swap) && meminfo >> key >> kib) {
+    if (key == "MemAvailable:") {
+      available = kib * 1024;
+      have_available = true;
+    } else if (key == "SwapFree:") {
+      swap_free = kib * 1024;
+      have_swap = true;
     }
     meminfo.ignore(std::numeric_limits<std::streamsize>::max(), '\n');
   }
-  return found == 2 && available > 0 ? std::min(available, total) : total;
+  // Without MemAvailable (kernels before 3.14) nothing says what is free: the machine's total.
+  if (!have_available || available == 0) return total;
+  return std::min(available + swap_free, total);
 }
 }  // namespace
 

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import operator
 import os
 import threading
 from pathlib import Path
@@ -226,9 +227,12 @@ _U64_MAX = (1 << 64) - 1
 def _int_arg(value, what: str, name: str) -> int:
     """An integer argument, checked before ctypes converts it (ctypes wraps values past its type's
     range instead of refusing them)."""
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{what}: {name} is an int, not {type(value).__name__} ({value!r})")
-    return value
+    if isinstance(value, bool):
+        raise TypeError(f"{what}: {name} is an int, not bool ({value!r})")
+    try:
+        return operator.index(value)  # int, numpy integers, anything with __index__
+    except TypeError:
+        raise TypeError(f"{what}: {name} is an int, not {type(value).__name__} ({value!r})") from None
 
 
 def _u64_arg(value, what: str, name: str) -> int:
@@ -244,6 +248,8 @@ def _text_arg(value, what: str, name: str) -> Optional[bytes]:
         return None
     if not isinstance(value, str):
         raise TypeError(f"{what}: {name} is a str, not {type(value).__name__} ({value!r})")
+    if "\0" in value:
+        raise ValueError(f"{what}: {name} holds a NUL character, which would cut it short: {value!r}")
     return value.encode()
 
 
@@ -343,8 +349,10 @@ def set_memory_limit(device: int, limit: int) -> None:
     allocations past it raise ``DevrtOutOfMemoryError``; below what the device holds, its free
     memory goes back at once. At start, ``DEVRT_MEMORY_LIMIT`` (40GiB, 0.8, 80%) sets it on every
     device. ``devrt.torch.set_per_process_memory_fraction`` takes a share of a GPU."""
-    if isinstance(limit, bool) or not isinstance(limit, int) or limit < 0 or limit > _U64_MAX:
-        raise ValueError(f"set_memory_limit: the limit is a number of bytes from 0 to 2**64 - 1, not {limit!r}")
+    try:
+        limit = _u64_arg(limit, "set_memory_limit", "the limit")
+    except TypeError as e:
+        raise ValueError(str(e)) from None
     _check(lib().devrt_set_memory_limit(int(device), limit))
 
 

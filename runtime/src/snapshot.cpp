@@ -14,7 +14,8 @@ std::vector<memory::memory_snapshot> runtime::snapshot() const {
     memory::memory_snapshot s;
     try {
       s = asked[i].get();
-    } catch (const std::exception&) {
+    } catch (const boost::system::system_error& e) {
+      if (to_errc(e.code()) != errc::shutdown) throw;
       continue;  // a device that shut down has no memory to show: it is left out
     }
     const device_info& d = actors[i]->info();
@@ -35,8 +36,8 @@ void runtime::record_memory_history(bool enabled, std::size_t max_entries) const
   for (auto& f : asked) {
     try {
       f.get();
-    } catch (const std::exception&) {
-      // A device that shut down records nothing more.
+    } catch (const boost::system::system_error& e) {
+      if (to_errc(e.code()) != errc::shutdown) throw;  // a device that shut down records nothing more
     }
   }
 }

@@ -178,6 +178,17 @@ class HostDevice(unittest.TestCase):
         self.assertIn("layout is a str", str(t.exception))
         with self.assertRaises(TypeError):
             devrt.configure(HOST, b"auto")
+        with self.assertRaises(ValueError) as v:
+            devrt.configure(HOST, "auto\0sub-slices")  # C would read "auto" alone
+        self.assertIn("NUL", str(v.exception))
+
+        class Index:  # numpy's integers and others that convert through __index__
+            def __index__(self):
+                return 4096
+
+        p = devrt.malloc(Index(), HOST)
+        self.assertEqual(devrt.allocation_size(p), 4096)
+        devrt.free(p, HOST)
         devrt.shutdown()
         with self.assertRaises(ValueError) as v:
             devrt.init(False, host_capacity=-5)

@@ -101,7 +101,8 @@ typedef struct devrt_options {
   const char* host_layout; /* layout string of the host device; NULL: "auto" */
   const char* cuda_layout; /* layout string of every CUDA device; NULL: "auto" */
   const char* log_level;   /* "disabled", "basic", "full"; NULL: the configuration's */
-  uint64_t host_capacity;  /* bytes the host device may hold (0: no limit) */
+  uint64_t host_capacity;  /* bytes the host device may hold (0: the memory available, with free swap,
+                              when devrt starts) */
   int use_environment;     /* nonzero: read the DEVRT_* environment variables */
 } devrt_options;
 
@@ -141,7 +142,8 @@ typedef struct devrt_stats {
  * version it is given and no more, so a program built against an older header keeps working. */
 #define DEVRT_STATS_VERSION 3
 
-/* Fills `options` with the defaults (CUDA on, layouts "auto", no host cap, environment read). */
+/* Fills `options` with the defaults (CUDA on, layouts "auto", the host held to the memory available
+ * at start, environment read). */
 DEVRT_C_EXPORT void devrt_options_default(devrt_options* options);
 
 /* Starts devrt. NULL options: the defaults. Errors: ALREADY_INITIALIZED (devrt runs: the first
