@@ -408,6 +408,7 @@ void memory_manager::publish(detail::descriptor* d, std::uint64_t size, stream_i
     tag_space& t = space_of(tag);
     t.bytes_in_use += size;
     ++t.allocations;
+    t.used = true;
   }
   d->sequence = stats_.reserves;
   d->stream_reg = reg;  // the reference the reserve took
@@ -1119,7 +1120,7 @@ result<event> memory_manager::sleep(tag_id tag, bool keep_contents) {
     e.text = std::string(tag_of(tag).view());
     return e;
   }
-  if (t == nullptr || t->state == tag_state::asleep || t->restoring) {
+  if (t == nullptr || !t->used || t->state == tag_state::asleep || t->restoring) {
     if (t != nullptr && t->restoring) {
       return error::make(errc::invalid_argument, "the tag's wake is still restoring its contents");
     }

@@ -124,6 +124,28 @@ TEST(Sleep, GivesTheMemoryBackAndWakesAtTheSameAddressesWithTheBytes) {
   EXPECT_TRUE(m->reserve(100, streams::device, w)) << "awake again: reserves are served";
 }
 
+// A failed reserve with a tag changes nothing: the tag still counts as never used here, so a sleep
+// does nothing and later reserves with it are served.
+TEST(Sleep, ATagOnlyAFailedReserveNamedIsNeverUsedAndDoesNotSleep) {
+  auto m = host_manager();
+  const tag_id t = tag("sleep.failed-first");
+  auto huge = m->reserve(std::uint64_t{1} << 61, streams::device, t);
+  ASSERT_FALSE(huge);
+  auto slept = m->sleep(t, true);
+  ASSERT_TRUE(slept) << slept.err().message();
+  EXPECT_EQ(m->statistics().sleeps, 0u);
+  auto served = m->reserve(4096, streams::device, t);
+  ASSERT_TRUE(served) << served.err().message();
+  // Used now: a sleep puts it to sleep, and reserves wait for the wake.
+  served->reset();
+  ASSERT_TRUE(m->sleep(t, true));
+  EXPECT_EQ(m->statistics().sleeps, 1u);
+  EXPECT_EQ(m->reserve(4096, streams::device, t).code(), errc::asleep);
+  ASSERT_TRUE(m->wake(t));
+  EXPECT_TRUE(m->reserve(4096, streams::device, t));
+  EXPECT_EQ(m->check_invariants(), "");
+}
+
 TEST(Sleep, DiscardWakesToUsableMemory) {
   auto m = host_manager();
   const tag_id kv = tag("sleep.kv");

@@ -285,6 +285,9 @@ class memory_manager {
     bool restoring = false;  // a wake queued the copies back; settle_tag returns the host copy to host_cache_
     std::uint64_t bytes_in_use = 0;
     std::uint64_t allocations = 0;
+    // A reserve with the tag succeeded here once. Before that the tag counts as never used (a
+    // failed reserve makes the space but changes nothing): sleep does nothing.
+    bool used = false;
     std::uint64_t sleeps = 0;
     std::uint64_t wakes = 0;
     [[nodiscard]] arena_pool* arena() const noexcept {
