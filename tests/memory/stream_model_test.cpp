@@ -3,11 +3,12 @@
 // A simulated device with streams runs random programs of a client: reserves on the device's own,
 // the legacy, the per-thread and native streams, kernels ("uses": events the test records on a
 // stream), record_stream (a stream of another device included), frees, batch ends, streams that
-// progress one at a time, explicit cleanups, configure, reclaims, capture windows whose pins a
-// graph replays and drops, retired streams, streams destroyed with work still queued and created
-// again with the same handle, a tag's memory put to sleep (kept or discarded) and woken while
-// other streams still run, and the driver failing: event records and queries, free-time records,
-// allocations and maps, flushes. Two things may never happen:
+// progress one at a time, explicit cleanups, memory limits set below what is held, configure,
+// reclaims, capture windows whose pins a graph replays and drops, retired streams, streams
+// destroyed with work still queued and created again with the same handle, a tag's memory put to
+// sleep (kept or discarded) and woken while other streams still run, and the driver failing: event
+// records and queries, free-time records, allocations and maps, flushes. Two things may never
+// happen:
 //
 // - a reserve on stream T gets memory whose earlier uses T's work is not ordered after (a use has
 //   passed, or is on T itself, or T waits for an event behind it);
@@ -464,8 +465,16 @@ class model {
       progress_one();
     } else if (op < 885) {
       sim_->progress();
-    } else if (op < 905) {
+    } else if (op < 900) {
       (void)m_->cleanup(true);
+    } else if (op < 905) {
+      // A memory limit below what the device holds (free memory goes back at once, freed memory
+      // as its fences pass), or none again.
+      const std::uint64_t held = m_->statistics().bytes_reserved;
+      auto r = m_->set_memory_limit(pick(2) == 0 ? 0 : held / 2 + 1);
+      if (!r && r.code() != errc::device_error) {
+        problems_.push_back(where() + ": set_memory_limit failed: " + r.err().message());
+      }
     } else if (op < 912) {
       auto r = m_->configure(parse_layout(layouts[pick(std::size(layouts))]).value());
       if (!r && r.code() != errc::capture_active && r.code() != errc::device_error) {
