@@ -393,7 +393,7 @@ class server {
 
   /// The same request on the simulated GPU's stream of this worker: reserves for the stream, a
   /// simulated kernel (an event on the stream) per layer, each handle dropped while its kernel is
-  /// still queued, and the stream runs the request's work at the end.
+  /// still queued, and the worker waits until the stream has run the request's work.
   request_result serve_on_sim_stream(const request_shape& shape, void* native) {
     const std::uint64_t n = shape.batch * shape.sequence * model_.hidden;
     const memory::stream s = memory::stream::native(native);
@@ -412,7 +412,8 @@ class server {
       }
       (void)sim_->record_event(id);
       x.reset();
-      sim_->progress_stream(id);  // the request's work runs
+      // The worker waits until its stream has run the request, as a CUDA worker does.
+      if (auto r = sim_->synchronize_stream(id); !r) throw devrt::exception(r.err());
       out.ok = true;
     } catch (const std::exception& e) {
       errors_->note(e.what());
@@ -743,8 +744,8 @@ int run(const settings& s) {
   m.hidden = s.hidden;
   m.weight_words = s.hidden * s.hidden;
   // The simulated GPU runs what is queued on its streams (the device's own included) by itself,
-  // as a GPU runs kernels beside the host (sim_options::runs_after); a worker also lets its stream
-  // run to the end of each request, as a CUDA worker waits for its stream.
+  // as a GPU runs kernels beside the host (sim_options::runs_after); a worker waits until its stream
+  // has run each request (sim_storage::synchronize_stream), as a CUDA worker waits for its stream.
   devices::sim_storage* sim = nullptr;
   if (kind == compute_kind::sim_streams) {
     sim = client

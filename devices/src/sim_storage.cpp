@@ -414,6 +414,17 @@ result<void> sim_storage::wait_event(memory::event e) {
   return {};
 }
 
+result<void> sim_storage::synchronize_stream(memory::stream_id s) {
+  auto e = record_event(s);
+  if (!e) return std::move(e).err();
+  if (*e == 0) return {};  // no streams simulated: nothing is ever queued
+  // Events pass in the order recorded, each `runs_after` after its record: once this one is due,
+  // everything queued before it on any stream is too (run_until makes sure of it).
+  if (opts_.runs_after.count() > 0) std::this_thread::sleep_for(opts_.runs_after);
+  run_until(*e);
+  return {};
+}
+
 void sim_storage::run_until(memory::event e) noexcept {
   const std::lock_guard lock(mutex_);
   expire_locked();

@@ -89,3 +89,38 @@ TEST(SimStorage, RunsAfterKeepsAStreamWaitingForAnotherStreamsEvent) {
   sim.progress_stream(a);
   EXPECT_TRUE(sim.has_passed(later));
 }
+
+TEST(SimStorage, SynchronizeStreamWaitsUntilTheStreamsWorkHasRun) {
+  const auto after = std::chrono::milliseconds(30);
+  sim_storage sim(timed_streams(after));
+  const memory::stream_id a = sim.create_stream();
+  const memory::stream_id b = sim.create_stream();
+  const memory::event on_a = *sim.record_event(a);
+  const memory::event on_b = *sim.record_event(b);
+  const auto start = std::chrono::steady_clock::now();
+  ASSERT_TRUE(sim.synchronize_stream(a));
+  // The calling thread slept as long as the simulated kernels take, and a's work has run.
+  EXPECT_GE(std::chrono::steady_clock::now() - start, after);
+  EXPECT_TRUE(sim.has_passed(on_a));
+  EXPECT_TRUE(sim.has_passed(on_b)) << "recorded earlier, so due earlier";
+  EXPECT_EQ(sim.waits(), 0u) << "a client's wait is not the memory manager's";
+}
+
+TEST(SimStorage, SynchronizeStreamWithoutRunsAfterRunsTheStreamAtOnce) {
+  sim_options o = sim_options::h200();
+  o.streams = true;
+  sim_storage sim(o);
+  const memory::stream_id a = sim.create_stream();
+  const memory::stream_id b = sim.create_stream();
+  const memory::event on_b = *sim.record_event(b);
+  ASSERT_TRUE(sim.stream_wait_event(a, on_b));
+  const memory::event on_a = *sim.record_event(a);
+  ASSERT_TRUE(sim.synchronize_stream(a));
+  EXPECT_TRUE(sim.has_passed(on_a));
+  EXPECT_TRUE(sim.has_passed(on_b)) << "a waited for it";
+  // A destroyed stream is an error, as a record on it is.
+  sim.destroy_stream(a);
+  const auto r = sim.synchronize_stream(a);
+  ASSERT_FALSE(r);
+  EXPECT_EQ(r.code(), errc::device_error);
+}

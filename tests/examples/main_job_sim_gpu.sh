@@ -6,7 +6,7 @@
 #
 #   main_job_sim_gpu.sh SERVER [FLOOR]
 #
-# The figure moves with the threads' interleaving (58-93% at the defaults and 73-95% with 16
+# The figure moves with the threads' interleaving (66-93% at the defaults and 81-97% with 16
 # threads in single runs on a 2-core machine; BENCHMARKS.md has medians of many runs against the
 # 80% and 90% targets): the floor here (50% by default) catches a policy that stops reusing memory
 # across streams (35% and 42% before it did), not a point.

@@ -152,6 +152,12 @@ class sim_storage {
   void progress_uid(std::uint64_t uid) noexcept;
   /// The stream of `e` runs up to it (and what it waits for first); not counted as a wait.
   void run_until(memory::event e) noexcept;
+  /// A client's wait for stream `s`, as a host thread waits for a GPU stream: returns once the
+  /// work queued on `s` so far has run. With `runs_after` the calling thread sleeps until that work
+  /// is due (the simulated kernels take their time), otherwise the stream runs at once. Not counted
+  /// in `waits()`, which counts the memory manager's waits. Errors: those of `record_event`
+  /// (device_error for a destroyed stream, capture_active for the device's stream in a capture).
+  result<void> synchronize_stream(memory::stream_id s);
   /// Events handed out so far (each new event is the next number).
   [[nodiscard]] memory::event issued_events() const noexcept;
   /// The newest event of stream `s` that has passed (0: none).
