@@ -1,15 +1,14 @@
 #include "devrt/devices/host_storage.hpp"
 
+#include "devrt/devices/host_memory.hpp"
+
 #include <sys/mman.h>
-#include <sys/sysinfo.h>
 
 #include <fmt/format.h>
 
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
-#include <fstream>
-#include <limits>
 #include <new>
 #include <string>
 
@@ -19,47 +18,31 @@ namespace {
 // Pages at least this large come from mmap: zero-filled by the kernel and committed lazily.
 constexpr std::uint64_t mmap_threshold = 1ULL << 21;
 
-// What the host can back for devrt: the memory available now (the kernel's MemAvailable) and free
-// swap, at most the machine's physical memory plus swap. Address ranges are reserved with
-// MAP_NORESERVE and memory is committed lazily, so without this bound the kernel grants mappings
-// far beyond what is free and the process is killed later, when the pages are touched; memory
-// that other processes hold when devrt starts is not devrt's to take.
-std::uint64_t machine_memory() noexcept {
-  struct sysinfo si {};
-  if (::sysinfo(&si) != 0) return 0;
-  const std::uint64_t unit = si.mem_unit == 0 ? 1 : si.mem_unit;
-  const std::uint64_t total =
-      (static_cast<std::uint64_t>(si.totalram) + static_cast<std::uint64_t>(si.totalswap)) * unit;
-  std::ifstream meminfo("/proc/meminfo");
-  std::string key;
-  std::uint64_t kib = 0;
-  std::uint64_t available = 0;
-  std::uint64_t swap_free = 0;
-  bool have_available = false;
-  bool have_swap = false;
-  while (!(have_available && have_swap) && meminfo >> key >> kib) {
-    if (key == "MemAvailable:") {
-      available = kib * 1024;
-      have_available = true;
-    } else if (key == "SwapFree:") {
-      swap_free = kib * 1024;
-      have_swap = true;
-    }
-    meminfo.ignore(std::numeric_limits<std::streamsize>::max(), '\n');
-  }
-  // Without MemAvailable (kernels before 3.14) nothing says what is free: the machine's total.
-  if (!have_available || available == 0) return total;
-  return std::min(available + swap_free, total);
-}
 }  // namespace
 
-host_storage::host_storage(host_options opts)
-    : opts_(opts), limit_(opts.capacity != 0 ? opts.capacity : machine_memory()) {
+host_storage::host_storage(host_options opts) : opts_(opts) {
+  if (opts_.capacity != 0) {
+    limit_ = opts_.capacity;
+  } else {
+    host_memory m = host_memory_available();
+    limit_ = m.bytes;
+    bound_ = std::move(m.bound);
+  }
   if (opts_.alignment == 0 || (opts_.alignment & (opts_.alignment - 1)) != 0 || opts_.alignment > 4096) {
     error e = error::make(errc::invalid_argument, "the host alignment must be a power of two no larger than 4096");
     e.size = opts_.alignment;
     throw exception(e);
   }
+}
+
+error host_storage::limit_reached(std::uint64_t size) const {
+  error e = error::make(errc::out_of_memory,
+                        opts_.capacity != 0 ? "host capacity reached" : "the host has no more memory for devrt");
+  if (opts_.capacity == 0) e.text = "its bound, set when devrt started, is " + bound_;
+  e.size = size;
+  e.in_use = allocated_;
+  e.limit = limit_;
+  return e;
 }
 
 host_storage::~host_storage() {
@@ -82,7 +65,7 @@ result<memory::storage_handle> host_storage::alloc(std::uint64_t size) {
     e.limit = limit_;
     return e;
   };
-  if (!fits(size)) return refuse(opts_.capacity != 0 ? "host capacity reached" : "the host has no more memory");
+  if (!fits(size)) return limit_reached(size);
   page p{nullptr, size, false};
   if (size >= mmap_threshold) {
     void* m = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
@@ -211,7 +194,7 @@ result<void> host_storage::map(memory::storage_id range, std::uint64_t offset, s
     e.limit = limit_;
     return e;
   };
-  if (!fits(size)) return refuse(opts_.capacity != 0 ? "host capacity reached" : "the host has no more memory");
+  if (!fits(size)) return limit_reached(size);
   // A fixed mapping without MAP_NORESERVE over the granules (not mprotect, which would leave them
   // unaccounted): the kernel charges them to the commit limit, so under strict overcommit it
   // refuses here rather than killing the process when the pages are touched.

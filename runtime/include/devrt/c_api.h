@@ -102,7 +102,7 @@ typedef struct devrt_options {
   const char* cuda_layout; /* layout string of every CUDA device; NULL: "auto" */
   const char* log_level;   /* "disabled", "basic", "full"; NULL: the configuration's */
   uint64_t host_capacity;  /* bytes the host device may hold (0: the memory available, with free swap,
-                              when devrt starts) */
+                              and the room left in the process's memory cgroups, when devrt starts) */
   int use_environment;     /* nonzero: read the DEVRT_* environment variables */
 } devrt_options;
 
@@ -143,7 +143,7 @@ typedef struct devrt_stats {
 #define DEVRT_STATS_VERSION 3
 
 /* Fills `options` with the defaults (CUDA on, layouts "auto", the host held to the memory available
- * at start, environment read). */
+ * at start and its cgroups' limits, environment read). */
 DEVRT_C_EXPORT void devrt_options_default(devrt_options* options);
 
 /* Starts devrt. NULL options: the defaults. Errors: ALREADY_INITIALIZED (devrt runs: the first

@@ -19,8 +19,9 @@ namespace devrt::devices {
 struct host_options {
   std::uint64_t alignment = 64;              ///< a power of two
   std::uint64_t max_page_size = 1ULL << 30;  ///< largest page the layouts ask for
-  /// Refuse allocations and mappings past this many bytes (0: the memory available and the free
-  /// swap when the storage is created, at most the machine's physical memory plus swap).
+  /// Refuse allocations and mappings past this many bytes (0: what the host can back for devrt
+  /// when the storage is created, host_memory.hpp: the memory available and free swap, and the
+  /// room left in the process's memory cgroups).
   std::uint64_t capacity = 0;
   std::uint64_t map_granularity = 1ULL << 21;  ///< unit of mapping into ranges (0: no ranges); a page multiple
 };
@@ -72,8 +73,8 @@ class host_storage {
   /// Bytes it may still allocate: the limit (the capacity, or the host's available memory) less
   /// what it holds.
   [[nodiscard]] std::uint64_t device_free() const noexcept { return limit_ - std::min(allocated_, limit_); }
-  /// The bytes past which allocations and mappings are refused: the capacity, or the memory
-  /// available (and free swap) when the storage was created.
+  /// The bytes past which allocations and mappings are refused: the capacity, or what the host
+  /// could back for devrt when the storage was created (host_memory_available).
   [[nodiscard]] std::uint64_t limit() const noexcept { return limit_; }
   [[nodiscard]] std::size_t page_count() const noexcept { return pages_.size(); }
 
@@ -98,6 +99,8 @@ class host_storage {
 
   host_options opts_;
   std::uint64_t limit_ = 0;  // 0 only when the machine's memory could not be read
+  std::string bound_;        // without a capacity: what set limit_ (host_memory::bound)
+  [[nodiscard]] error limit_reached(std::uint64_t size) const;  // out_of_memory at the limit
   std::unordered_map<memory::storage_id, page> pages_;
   std::vector<memory::storage_id> pending_;
   std::uint64_t allocated_ = 0;
