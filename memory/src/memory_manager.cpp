@@ -343,9 +343,7 @@ void memory_manager::release_to_pool(detail::descriptor* d, std::uint64_t tag) {
     --t->allocations;
     d->tag = 0;
   }
-  // Above the memory limit (set below what the device held then), what is freed goes back at
-  // once rather than serve later reserves: memory in use never passes the limit again.
-  const bool over_limit = ctx_.limit != 0 && stats_.bytes_reserved > ctx_.limit && !capture_;
+  const bool over_limit = give_back_over_limit();
   if (loc.pool == location::persistent_pool) {
     persistent_.release(ctx_, loc);
     if (over_limit) persistent_.cleanup(ctx_, true);
@@ -383,9 +381,9 @@ void memory_manager::harvest(bool complete_owed) {
     for_each_pool([&](dynamic_pool& pool) { visit_pool(pool, [&](auto& x) { x.cleanup(ctx_, true); }); });
     cleanup_owed_ = order_.reclaimable();
   }
-  // Over the memory limit (set below what the device held), memory freed on a stream goes back
-  // once its fence has passed, as memory freed on the device's own stream does (release_to_pool).
-  if (freed && !capture_ && ctx_.limit != 0 && stats_.bytes_reserved > ctx_.limit) {
+  // Memory freed on a stream goes back once its fence has passed, as memory freed on the device's
+  // own stream does (release_to_pool).
+  if (freed && give_back_over_limit()) {
     for_each_pool([&](dynamic_pool& pool) { visit_pool(pool, [&](auto& x) { x.cleanup(ctx_, true); }); });
   }
 }

@@ -3,9 +3,10 @@
 // A long run of mixed operations (reserve, copy, drop, bindings, bind, cleanup, configure,
 // capture windows, mode changes) on a manager over sim storage, and a shorter one over host
 // storage that also writes a byte pattern into every allocation and checks it before the memory
-// is given up. After every step: check_invariants() is empty, usage() matches the model, and every
-// live handle and binding resolves to its allocation; every ~100 steps: no two live allocations
-// overlap, stale references resolve to not_found, and (host) every pattern is intact.
+// is given up. After every step: check_invariants() is empty, usage() matches the model,
+// deallocations_queued() agrees with the storage, and every live handle and binding resolves to
+// its allocation; every ~100 steps: no two live allocations overlap, stale references resolve to
+// not_found, and (host) every pattern is intact.
 //
 // Reproduce a failure with the seed printed in its message:
 //   DEVRT_RANDOM_SEED=<seed> DEVRT_RANDOM_OPS=<n> devrt_memory_tests --gtest_filter='Randomized*'
@@ -747,6 +748,13 @@ class harness {
     if (u.bytes_in_use != bytes_)
       return fmt::format("usage counts {} bytes in use, the model {}", u.bytes_in_use, bytes_);
     if (m_.statistics().bytes_in_use != bytes_) return "statistics().bytes_in_use differs from the model";
+    // The flag the actor and the replay loop ask before a flush: every path that gives memory back
+    // raises it, so it never says "nothing queued" while the storage holds deallocations.
+    if (const std::size_t pending = m_.backing_storage().pending_deallocations();
+        m_.deallocations_queued() != (pending != 0)) {
+      return fmt::format("deallocations_queued() says {} with {} deallocations queued in the storage",
+                         m_.deallocations_queued(), pending);
+    }
     const allocation_mode expect_mode = capturing_ ? allocation_mode::persistent : mode_;
     if (m_.current_mode() != expect_mode || m_.capturing() != capturing_) return "mode or capture state differs";
     for (const auto& [h, k] : handles_) {

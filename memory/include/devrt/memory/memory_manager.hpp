@@ -329,6 +329,12 @@ class memory_manager {
   void explain_out_of_memory(error& e, std::uint64_t size, stream_id q);
   /// Gives a slice back to its pool (the last step of a free).
   void release_to_pool(detail::descriptor* d, stream_id tag);
+  /// Above the memory limit (set below what the device held then), memory freed goes back to the
+  /// device at once rather than serve later reserves, so that what devrt holds never passes the
+  /// limit again; not during a capture, whose memory stays as the graph saw it.
+  [[nodiscard]] bool give_back_over_limit() const noexcept {
+    return ctx_.limit != 0 && stats_.bytes_reserved > ctx_.limit && !capture_;
+  }
   /// Frees what the fences that passed allow: held slices, and tagged arena slices; forgets the
   /// streams that are idle; and completes an owed cleanup (unless `complete_owed` is false: a
   /// pool is in the middle of a reserve).
