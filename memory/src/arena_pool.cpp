@@ -36,6 +36,19 @@ inline void arena_pool::free_slot(std::uint32_t slot) {
 
 result<void> arena_pool::reserve_range(pool_context& ctx) {
   auto r = ctx.store.reserve_range(space_, granule_);
+  // A system short of addresses may refuse the space (the default is four times the device): half
+  // and then a quarter of it are asked for, and the arena lives with what it got. A refusal of all
+  // three reports the first.
+  std::uint64_t space = space_;
+  for (int halving = 0; !r && r.code() == errc::out_of_memory && halving < 2; ++halving) {
+    space = space / 2 / granule_ * granule_;
+    if (space < granule_) break;
+    if (auto smaller = ctx.store.reserve_range(space, granule_)) {
+      space_ = space;
+      max_alloc_ = std::min(max_alloc_, space_);
+      r = std::move(smaller);
+    }
+  }
   if (!r) return std::move(r).err();
   range_ = r->id;
   base_known_ = false;

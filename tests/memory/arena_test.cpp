@@ -903,11 +903,12 @@ TEST(ArenaLayout, MaxLargerThanTheAddressSpace) {
   // Equal is fine; the space rounds up to whole granules first.
   EXPECT_TRUE(resolve_layout(layout_of("arena:max=256MiB,space=256MiB"), props));
   EXPECT_TRUE(resolve_layout(layout_of("arena:max=256MiB,space=255MiB"), props));
-  // Without a space the default (twice the device memory) applies.
-  auto d = resolve_layout(layout_of("arena:max=3GiB"), mapping_props(1 * GiB));
+  // Without a space the default (four times the device memory) applies.
+  EXPECT_TRUE(resolve_layout(layout_of("arena:max=4GiB"), mapping_props(1 * GiB)));
+  auto d = resolve_layout(layout_of("arena:max=5GiB"), mapping_props(1 * GiB));
   ASSERT_FALSE(d);
   EXPECT_EQ(d.code(), errc::slice_larger_than_page);
-  EXPECT_EQ(d.err().limit, 2 * GiB);
+  EXPECT_EQ(d.err().limit, 4 * GiB);
 }
 
 TEST(ArenaLayout, MalformedArenaStrings) {
@@ -983,7 +984,7 @@ TEST(ArenaLayout, ResolvedValues) {
   ASSERT_TRUE(d);
   EXPECT_EQ(d->front().page_size, kGranule);
   EXPECT_EQ(d->front().chunk.value_or(0), 32 * MiB);
-  EXPECT_EQ(d->front().max_pool_size.value_or(0), 2 * GiB);
+  EXPECT_EQ(d->front().max_pool_size.value_or(0), 4 * GiB);
   EXPECT_EQ(d->front().max_alloc_size, no_size_limit);
   EXPECT_FALSE(d->front().slack.has_value());
 
@@ -1004,7 +1005,7 @@ TEST(ArenaLayout, AutomaticPicksTheArenaOnMappingDevices) {
   ASSERT_EQ(on_mapping->size(), 1u);
   EXPECT_EQ(on_mapping->front().kind, pool_kind::arena);
   EXPECT_EQ(on_mapping->front().page_size, kGranule);
-  EXPECT_EQ(on_mapping->front().max_pool_size.value_or(0), 16 * GiB);
+  EXPECT_EQ(on_mapping->front().max_pool_size.value_or(0), 32 * GiB);
   EXPECT_EQ(*on_mapping, resolve_layout(preset::arena, mapping).value());
   EXPECT_EQ(*on_mapping, preset_pools(preset::automatic, mapping));
 
@@ -1300,3 +1301,75 @@ TEST(ArenaPool, ARefusedMapIsTriedOnceMoreWhereTheSliceAddsFewerGranules) {
 }
 
 }  // namespace
+
+TEST(ArenaLayout, SmallAllocationsBetweenBuffersOfMostOfTheDeviceLeaveAHoleForTheNext) {
+  // On an H200 (140 GB), buffers of about 100 GB one at a time with 1 KiB allocations that outlive
+  // them. With an address space of twice the device, three of the small ones cut it into pieces
+  // smaller than 100 GB and the last buffer failed (pool_capacity_exceeded) with 3 KiB live; the
+  // default space is four times the device.
+  memory_manager m(storage::make<sim_storage>(sim_options::h200()), manager_options{"sim", preset::automatic});
+  struct event {
+    int id;
+    std::uint64_t size;  // 0: free `id`
+  };
+  const event events[] = {{0, 99'999'999'999},
+                          {1, 1048},
+                          {0, 0},
+                          {2, 99'857'989'632},
+                          {3, 1048},
+                          {2, 0},
+                          {4, 100'000'000'001},
+                          {5, 1048},
+                          {3, 0},
+                          {1, 0},
+                          {6, 1048},
+                          {4, 0},
+                          {5, 0},
+                          {7, 101'000'000'000},
+                          {8, 1048},
+                          {7, 0},
+                          {9, 99'999'999'999},
+                          {10, 1048},
+                          {9, 0},
+                          {11, 100'000'000'001},
+                          {10, 0},
+                          {6, 0},
+                          {11, 0},
+                          {8, 0}};
+  std::vector<memory_handle> live(12);
+  for (const event& e : events) {
+    if (e.size == 0) {
+      live[static_cast<std::size_t>(e.id)].reset();
+      continue;
+    }
+    auto r = m.reserve(e.size);
+    ASSERT_TRUE(r) << "allocation " << e.id << ": " << r.err().message();
+    live[static_cast<std::size_t>(e.id)] = std::move(*r);
+  }
+  EXPECT_EQ(m.usage().bytes_in_use, 0u);
+  EXPECT_EQ(m.check_invariants(), "");
+}
+
+TEST(ArenaLayout, AnAddressSpaceTheDeviceRefusesIsHalvedUntilItIsGranted) {
+  // The simulated device grants ranges of at most 2^48 bytes. With 2^47 bytes of memory the default
+  // space (four times that) is refused, half of it is granted, and the arena serves from it.
+  sim_options o;
+  o.props = device_properties{std::uint64_t{1} << 40, 512, std::uint64_t{1} << 47, 2 * MiB};
+  memory_manager m(storage::make<sim_storage>(o), manager_options{"sim", preset::automatic});
+  auto r = m.reserve(3 * MiB);
+  ASSERT_TRUE(r) << r.err().message();
+  EXPECT_NE(m.report().find("address space 256.00 TiB"), std::string::npos) << m.report();
+  EXPECT_EQ(m.check_invariants(), "");
+
+  // Refused at every size tried (a quarter is still more than the device grants): the error is the
+  // first refusal's, and nothing is left behind.
+  sim_options big = o;
+  big.props.capacity = std::uint64_t{1} << 50;
+  memory_manager n(storage::make<sim_storage>(big), manager_options{"sim", preset::automatic});
+  auto f = n.reserve(3 * MiB);
+  ASSERT_FALSE(f);
+  EXPECT_EQ(f.code(), errc::out_of_memory) << f.err().message();
+  EXPECT_EQ(f.err().size, std::uint64_t{1} << 52);
+  EXPECT_EQ(n.usage().bytes_in_use, 0u);
+  EXPECT_EQ(n.check_invariants(), "");
+}

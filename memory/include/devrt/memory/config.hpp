@@ -43,7 +43,7 @@ struct sliced_pool_config {
 struct arena_pool_config {
   std::optional<std::uint64_t> granule;         ///< bytes mapped at a time; default: the device's granularity
   std::optional<std::uint64_t> max_alloc_size;  ///< largest request; default: no limit
-  std::optional<std::uint64_t> address_space;   ///< addresses reserved; default: twice the device memory
+  std::optional<std::uint64_t> address_space;   ///< addresses reserved; default: four times the device memory
   /// Largest mapping (a multiple of the granule); default: 32 MiB (at least one granule).
   std::optional<std::uint64_t> chunk;
   /// Free bytes kept mapped at most; default: free memory stays mapped until memory is needed
