@@ -330,11 +330,34 @@ inline std::uint32_t arena_pool::best_fit(std::uint64_t extent, std::uint64_t ta
   return best;
 }
 
+void arena_pool::note_churn(std::uint64_t unmapped) {
+  if (reserves_ - churn_window_start_ >= churn_window) {
+    churn_window_start_ = reserves_;
+    churn_bytes_ = 0;
+  }
+  if (unmapped == 0) return;
+  // After a long quiet the share falls back a half step at the next unmap to make room.
+  if (reserves_ - last_churn_ >= churn_quiet && share_per_mille_ > roomy_per_mille) {
+    share_per_mille_ = std::max(roomy_per_mille, share_per_mille_ - churn_step_per_mille / 2);
+  }
+  last_churn_ = reserves_;
+  churn_bytes_ += unmapped;
+  if (churn_bytes_ / 1000 >= peak_live_ / 1000 * churn_per_mille / 1000 && share_per_mille_ < max_share_per_mille) {
+    // Within one window more was unmapped to make room than twice the peak of live bytes: the
+    // workload cycles over more memory than the share keeps mapped, and each reserve unmaps what
+    // the next maps again. Keep more.
+    share_per_mille_ = std::min(max_share_per_mille, share_per_mille_ + churn_step_per_mille);
+    churn_bytes_ = 0;
+    churn_window_start_ = reserves_;
+  }
+}
+
 result<detail::descriptor*> arena_pool::alloc(pool_context& ctx, std::uint64_t size) {
   if (range_ == 0) {
     if (auto r = reserve_range(ctx); !r) return std::move(r).err();
   }
   const std::uint64_t extent = slice_extent(size, alignment_);
+  ++reserves_;
   // Set once the device refused a placement that another would beat: the next one goes where the
   // slice adds the fewest granules.
   bool frugal = false;
@@ -418,13 +441,15 @@ result<detail::descriptor*> arena_pool::alloc(pool_context& ctx, std::uint64_t s
         // Far from it, the most the arena has held was needed once and may be again: free mappings
         // also stay while the memory mapped stays within that peak, so that a map unmaps only where
         // it would otherwise raise the peak.
-        std::uint64_t budget = budget_granules(size, roomy ? roomy_per_mille : budget_per_mille);
+        std::uint64_t budget = budget_granules(size, roomy ? share_per_mille_ : budget_per_mille);
         if (roomy) budget = std::max(budget, peak_mapped_);
         // Behind a device still busy with earlier unmaps, an unmap now lowers nothing before the
         // work queued has passed, and the next map at those addresses revives it (two calls for
         // nothing) or maps beside it: far from the budget, free mappings stay until it caught up.
         if (!roomy || !keep_ghosts_ || ctx.store.unmaps_in_flight() == 0) {
+          const std::uint64_t before = mapped_;
           evict_to(ctx, budget > missing ? budget - missing : 0);
+          if (roomy) note_churn((before - mapped_) * granule_);
         }
         settle_unmaps(ctx);
         if (found == tail_) {
@@ -993,13 +1018,17 @@ std::string arena_pool::report() const {
     if (const std::uint32_t l = t.free.largest(slots_); l != npos)
       largest_hole = std::max(largest_hole, slots_[l].extent);
   }
-  std::string out =
-      fmt::format("arena pool {}: granule {}, address space {}, free memory kept {}", index_, format_bytes(granule_),
-                  format_bytes(space_),
-                  opts_.slack  ? "up to " + format_bytes(*opts_.slack)
-                  : grow_ != 0 ? std::string("within 1.10x the peak of live bytes or the most it held far from the "
-                                             "budget, 1.04x near it")
-                               : std::string("until needed elsewhere"));
+  std::string out = fmt::format(
+      "arena pool {}: granule {}, address space {}, free memory kept {}", index_, format_bytes(granule_),
+      format_bytes(space_),
+      opts_.slack ? "up to " + format_bytes(*opts_.slack)
+      : grow_ != 0
+          ? std::string("within 1.10x the peak of live bytes (up to 2.00x where the workload "
+                        "churns) or the most it held far from the budget, 1.04x near it") +
+                (share_per_mille_ != roomy_per_mille ? fmt::format(" (the share far from it now {:.2f}x)",
+                                                                   static_cast<double>(share_per_mille_) / 1000.0)
+                                                     : std::string())
+          : std::string("until needed elsewhere"));
   if (max_alloc_ < space_) out += fmt::format(", max {}", format_bytes(max_alloc_));
   out += fmt::format(
       "; {} live slices, {} in use, {} mapped (at most {} since the last cleanup; {} granules in {} mappings, {} "

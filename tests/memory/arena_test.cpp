@@ -1373,3 +1373,28 @@ TEST(ArenaLayout, AnAddressSpaceTheDeviceRefusesIsHalvedUntilItIsGranted) {
   EXPECT_EQ(n.usage().bytes_in_use, 0u);
   EXPECT_EQ(n.check_invariants(), "");
 }
+
+TEST(ArenaPool, BuffersInTurnOverMoreThanTheShareStopRemappingFarFromTheBudget) {
+  // 1 GiB and 3 GiB buffers in turn, two live, on an idle simulated H200: the holes they leave
+  // cycle over more addresses than 1.10 times the peak of live bytes keeps mapped, so at that share
+  // every reserve unmaps half a GiB that the next one maps again (10,088 maps in 1,000 reserves).
+  // The churn raises the share, and the driver calls stop.
+  memory_manager m(storage::make<sim_storage>(sim_options::h200()), manager_options{"sim", preset::automatic});
+  std::vector<memory_handle> live;
+  std::uint64_t maps_at_half = 0;
+  for (int i = 0; i < 400; ++i) {
+    if (i == 200) maps_at_half = m.statistics().maps;
+    auto r = m.reserve(i % 2 == 0 ? GiB : 3 * GiB);
+    ASSERT_TRUE(r) << r.err().message();
+    live.push_back(std::move(*r));
+    if (live.size() > 2) live.erase(live.begin());
+  }
+  const auto& st = m.statistics();
+  EXPECT_LE(st.maps - maps_at_half, 8u) << "maps in the second half of the run";
+  // What it keeps for that is bounded: at most twice the peak of live bytes (5 GiB).
+  EXPECT_LE(st.peak_bytes_reserved, 10 * GiB);
+  // The report names the share it keeps now.
+  const std::string report = m.report();
+  EXPECT_NE(report.find("(the share far from it now "), std::string::npos) << report;
+  EXPECT_EQ(m.check_invariants(), "");
+}

@@ -153,7 +153,10 @@ pool_description describe_pool(const memory::pool_options& pool) {
 std::string arena_free_memory_rule(const memory::pool_options& pool) {
   // The order of arena_pool::report: a slack first, then the growth policy.
   if (pool.slack) return "up to " + memory::format_bytes(*pool.slack);
-  if (pool.grow) return "within 1.10x the peak of live bytes or the most it held far from the budget, 1.04x near it";
+  if (pool.grow) {
+    return "within 1.10x the peak of live bytes (up to 2.00x where the workload churns) or the most it held far from "
+           "the budget, 1.04x near it";
+  }
   return "until needed elsewhere";
 }
 
