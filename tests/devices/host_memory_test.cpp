@@ -3,6 +3,7 @@
 #include "devrt/devices/host_memory.hpp"
 
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <cstdint>
 #include <filesystem>
@@ -25,8 +26,10 @@ bool contains(const std::string& s, const std::string& n) { return s.find(n) != 
 class HostMemory : public ::testing::Test {
  protected:
   void SetUp() override {
+    // One folder per test and process: the sanitizer builds may run the same test at once.
     root_ = fs::temp_directory_path() /
-            ("devrt_host_memory_" + std::string(::testing::UnitTest::GetInstance()->current_test_info()->name()));
+            ("devrt_host_memory_" + std::string(::testing::UnitTest::GetInstance()->current_test_info()->name()) + "_" +
+             std::to_string(::getpid()));
     fs::remove_all(root_);
     fs::create_directories(root_ / "proc");
     fs::create_directories(root_ / "cgroup");

@@ -279,6 +279,8 @@ class arena_pool {
   void unuse_mappings(const slice_node& s);
   std::uint32_t new_slot();
   void free_slot(std::uint32_t slot);
+  /// The address space and the largest request from the options (reserve_range may lower both).
+  void reset_space() noexcept;
   /// Maps the granules of [first, last] that have no memory, as mappings (see above). On failure
   /// nothing this call mapped is left.
   result<void> map_granules(pool_context& ctx, std::uint64_t first, std::uint64_t last, bool shared_tail,
