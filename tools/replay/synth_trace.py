@@ -13,6 +13,9 @@ writes OUT_DIR/<pattern><seed>.trace.gz for seeds 0..N-1 (3 by default). The pat
   kvgrow     40 sequences whose caches grow: a larger buffer allocated, then the old one freed
   adversary  small long-lived buffers among large short-lived ones (at most 12 large live)
   huge       up to 5 live buffers of 1 MiB - 24 GiB
+  pairs      one buffer of 1 MiB allocated and freed in turn, 20,000 times: the least work an
+             allocator can have (no search, no split, no merge), so its time per event is the
+             allocator's fixed cost; not among the default patterns
 
 Every trace frees everything it allocates. The same seed gives the same trace.
 """
@@ -132,7 +135,14 @@ def huge(r, t):
         t.free(i)
 
 
-PATTERNS = {"serving": serving, "training": training, "kvgrow": kvgrow, "adversary": adversary, "huge": huge}
+def pairs(r, t):
+    for _ in range(20000):
+        t.free(t.alloc(1 << 20))
+
+
+PATTERNS = {"serving": serving, "training": training, "kvgrow": kvgrow, "adversary": adversary, "huge": huge,
+            "pairs": pairs}
+DEFAULT_PATTERNS = ("serving", "training", "kvgrow", "adversary", "huge")
 
 
 def write(path, pattern, seed, t):
@@ -156,7 +166,8 @@ def write(path, pattern, seed, t):
 def main():
     p = argparse.ArgumentParser(description="Writes synthetic allocation traces.")
     p.add_argument("out_dir")
-    p.add_argument("--patterns", default=",".join(PATTERNS), help="comma-separated, of: " + ", ".join(PATTERNS))
+    p.add_argument("--patterns", default=",".join(DEFAULT_PATTERNS),
+                   help="comma-separated, of: " + ", ".join(PATTERNS) + " (default: all but pairs)")
     p.add_argument("--seeds", type=int, default=3)
     a = p.parse_args()
     names = [n for n in a.patterns.split(",") if n]
