@@ -12,18 +12,14 @@ namespace devrt::memory {
 arena_pool::arena_pool(const pool_options& opts, std::uint64_t alignment, std::uint16_t pool_index)
     : opts_(opts), alignment_(std::max<std::uint64_t>(alignment, 1)), index_(pool_index) {
   granule_ = std::max(align_up(std::max<std::uint64_t>(opts.page_size, 1), alignment_), alignment_);
-  reset_space();
+  space_ = std::max(align_up(opts.max_pool_size.value_or(granule_), granule_), granule_);
+  max_alloc_ = std::min(opts.max_alloc_size == 0 ? no_size_limit : opts.max_alloc_size, space_);
   chunk_ = std::max<std::uint64_t>(opts.chunk.value_or(granule_) / granule_, 1);
   if (std::has_single_bit(granule_)) granule_shift_ = static_cast<unsigned>(std::countr_zero(granule_));
   if (opts.grow) grow_ = std::max(chunk_, *opts.grow / granule_);
 }
 
 arena_pool::~arena_pool() = default;
-
-void arena_pool::reset_space() noexcept {
-  space_ = std::max(align_up(opts_.max_pool_size.value_or(granule_), granule_), granule_);
-  max_alloc_ = std::min(opts_.max_alloc_size == 0 ? no_size_limit : opts_.max_alloc_size, space_);
-}
 
 inline std::uint32_t arena_pool::new_slot() {
   const std::uint32_t slot = slots_.acquire();
@@ -999,13 +995,6 @@ void arena_pool::release_all(pool_context& ctx) {
   tail_ = npos;
   peak_live_ = 0;
   peak_mapped_ = 0;
-  // A new start (a configure): what the churn taught was about the workload before it, and the
-  // next range is asked for at the layout's space again (reserve_range may have halved it).
-  reset_space();
-  share_per_mille_ = roomy_per_mille;
-  churn_bytes_ = 0;
-  churn_window_start_ = reserves_;
-  last_churn_ = reserves_;
   base_known_ = false;
   slots_.clear();
   granules_.clear();

@@ -1380,4 +1380,16 @@ TEST(ArenaPool, BuffersInTurnOverMoreThanTheShareStopRemappingFarFromTheBudget) 
   const std::string report = m.report();
   EXPECT_NE(report.find("(the share far from it now "), std::string::npos) << report;
   EXPECT_EQ(m.check_invariants(), "");
+
+  // A configure (here to the same layout, once nothing is live) starts from the base share: what
+  // the churn taught was about the workload before it.
+  live.clear();
+  auto c = m.configure(layout_of("auto"));
+  ASSERT_TRUE(c) << c.err().message();
+  EXPECT_TRUE(c->applied);
+  auto again = m.reserve(GiB);
+  ASSERT_TRUE(again) << again.err().message();
+  const std::string after = m.report();
+  EXPECT_EQ(after.find("(the share far from it now "), std::string::npos) << after;
+  EXPECT_EQ(m.check_invariants(), "");
 }

@@ -133,7 +133,9 @@ class arena_pool {
   void tick(pool_context& /*ctx*/, std::uint64_t /*reserve_count*/) noexcept {}
   /// An explicit cleanup unmaps every free granule (the slack included).
   void cleanup(pool_context& ctx, bool explicit_cleanup);
-  /// Unmaps everything and gives the address range back. Live slices are detached.
+  /// Unmaps everything and gives the address range back. Live slices are detached. The pool is
+  /// destroyed after it (a configure builds new pools), so what it learnt (the churn share, a
+  /// halved address space) goes with it.
   void release_all(pool_context& ctx);
 
   // ---- Sleep (see the top of the file) ----
@@ -279,8 +281,6 @@ class arena_pool {
   void unuse_mappings(const slice_node& s);
   std::uint32_t new_slot();
   void free_slot(std::uint32_t slot);
-  /// The address space and the largest request from the options (reserve_range may lower both).
-  void reset_space() noexcept;
   /// Maps the granules of [first, last] that have no memory, as mappings (see above). On failure
   /// nothing this call mapped is left.
   result<void> map_granules(pool_context& ctx, std::uint64_t first, std::uint64_t last, bool shared_tail,
