@@ -220,6 +220,13 @@ std::uint64_t arena_pool::limit_granules(const pool_context& ctx) const {
   return ctx.limit > others ? (ctx.limit - others) / granule_ : 0;
 }
 
+std::uint64_t arena_pool::limit_unit(const pool_context& ctx) const noexcept {
+  const std::uint64_t top = std::max(grow_, chunk_);
+  std::uint64_t unit = 1;
+  while (2 * unit <= top && 2 * unit * granule_ * limit_share <= ctx.limit) unit *= 2;
+  return unit;
+}
+
 std::uint64_t arena_pool::grow_unit() const noexcept {
   std::uint64_t unit = 1;
   while (2 * unit <= grow_ && 2 * unit * grow_share <= mapped_) unit *= 2;
@@ -430,6 +437,11 @@ result<detail::descriptor*> arena_pool::alloc(pool_context& ctx, std::uint64_t s
       // Under a memory limit, free mappings give way first (largest first) so that the new ones
       // fit; what the other pools hold counts too.
       if (cap != no_limit) evict_to(ctx, cap > missing ? cap - missing : 0);
+      // Near a memory limit, mappings stay small next to it: a device unmaps whole mappings only,
+      // so one that a live slice pins keeps its free part mapped for good, and a workload capped
+      // just above its peak has no room for such memory (0: no such bound).
+      const std::uint64_t fine = cap != no_limit && !ctx.roomy((missing + grow_) * granule_) ? limit_unit(ctx) : 0;
+      if (fine != 0) cut = std::min(cut, fine);
       if (grow_ == 0) {
         evict(ctx, missing);
         settle_unmaps(ctx);
@@ -463,6 +475,10 @@ result<detail::descriptor*> arena_pool::alloc(pool_context& ctx, std::uint64_t s
           const std::uint64_t headroom =
               roomy ? (ctx.roomy_below - std::min(ctx.roomy_below, ctx.held())) / granule_ / 4 : 0;
           std::uint64_t unit = roomy ? grow_ : grow_unit();
+          // Near a limit, a mapping ahead is no larger than the slice that grows the arena either:
+          // slices of one size, every other one freed, then leave no mapping that a live
+          // neighbour pins.
+          if (fine != 0) unit = std::min({unit, fine, std::max<std::uint64_t>(1, std::bit_floor(extent / granule_))});
           if (roomy) {
             while (unit > 1 && unit > headroom) unit /= 2;
           }

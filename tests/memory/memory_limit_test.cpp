@@ -295,3 +295,49 @@ TEST(MemoryLimit, AnExplicitCleanupForgetsTheMostTheArenaHeld) {
   ASSERT_TRUE(again);
   EXPECT_EQ(m->check_invariants(), "");
 }
+
+// Near the limit, mappings are small next to it (at most 1/64 of the limit) and a mapping ahead is
+// no larger than the slice that grows the arena: a device unmaps whole mappings only, and the free
+// part of one that a live slice pins stays mapped. 128 buffers of 4 MiB, every other one freed,
+// then 1 GiB, capped at 1.05 times the peak of live bytes (1.25 GiB): with mappings of 8 MiB or
+// more ahead of the buffers, each freed buffer's memory stayed mapped beside a live one and the
+// 1 GiB reserve failed.
+TEST(MemoryLimit, NearTheLimitBuffersOfOneSizeEveryOtherFreedLeaveRoomForABigOne) {
+  const std::uint64_t peak_live = gib + 64 * 4 * mib;
+  const std::uint64_t cap = peak_live + peak_live / 20;
+  auto m = manager(64 * gib, cap);
+  std::vector<memory_handle> small;
+  for (int i = 0; i < 128; ++i) {
+    auto r = m->reserve(4 * mib);
+    ASSERT_TRUE(r) << r.err().message();
+    small.push_back(std::move(*r));
+  }
+  for (std::size_t i = 0; i < small.size(); i += 2) small[i].reset();
+  auto big = m->reserve(gib);
+  ASSERT_TRUE(big) << big.err().message() << "\n" << m->report();
+  EXPECT_LE(m->statistics().peak_bytes_reserved, cap);
+  EXPECT_EQ(m->statistics().failed_reserves, 0u);
+  EXPECT_EQ(m->check_invariants(), "");
+}
+
+// The same near the limit where a freed slice's memory is reused in part: 54.7 MiB and 42.7 MiB,
+// the first freed, then two more of 42.7 MiB, capped at 1.05 times the three of 42.7 MiB. The
+// first slice's mappings (32 MiB each, before) stayed mapped under the slice that reused their
+// front, and the last reserve failed.
+TEST(MemoryLimit, NearTheLimitAFreedSliceReusedInPartPinsLittleMemory) {
+  const std::uint64_t a = 57'313'649;
+  const std::uint64_t b = 44'738'004;
+  const std::uint64_t cap = 3 * b + 3 * b / 20;
+  auto m = manager(64 * gib, cap);
+  auto first = m->reserve(a);
+  ASSERT_TRUE(first) << first.err().message();
+  auto second = m->reserve(b);
+  ASSERT_TRUE(second) << second.err().message();
+  first->reset();
+  auto third = m->reserve(b);
+  ASSERT_TRUE(third) << third.err().message();
+  auto fourth = m->reserve(b);
+  ASSERT_TRUE(fourth) << fourth.err().message() << "\n" << m->report();
+  EXPECT_LE(m->statistics().peak_bytes_reserved, cap);
+  EXPECT_EQ(m->check_invariants(), "");
+}

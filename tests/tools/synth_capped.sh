@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# Traces devrt was not tuned on (tools/replay/synth_trace.py, seed 0 of each pattern), replayed on
-# the simulated H200 capped at 1.05 times their peak of live bytes: the peak reserved stays within
-# the cap on every one, and every pattern but the growing caches completes without a failed
-# reserve (those fail a few of their ~3,800 reserves at that cap: BENCHMARKS.md, "Near the memory
-# limit", says why no allocator that leaves live memory in place does better).
+# Traces devrt was not tuned on (tools/replay/synth_trace.py, seed 0 of each pattern) and the hard
+# patterns of tools/replay/traces/edge, replayed on the simulated H200 capped at 1.05 times their
+# peak of live bytes: the peak reserved stays within the cap on every one, and every pattern but
+# the growing caches completes without a failed reserve (those fail a few of their ~3,800 reserves
+# at that cap, 4 today and 21 with mappings of up to 32 MiB near the limit: BENCHMARKS.md, "Near
+# the memory limit", says why no allocator that leaves live memory in place does better).
 #
 #   synth_capped.sh PYTHON3 DEVRT_REPLAY SOURCE_DIR WORK_DIR
 set -euo pipefail
@@ -11,8 +12,9 @@ python=$1 replay=$2 src=$3 work=$4
 rm -rf "${work}" && mkdir -p "${work}"
 "${python}" "${src}/tools/replay/synth_trace.py" "${work}" --seeds 1 >/dev/null
 status=0
-for t in "${work}"/*.trace.gz; do
-  name=$(basename "${t}" .trace.gz)
+for t in "${work}"/*.trace.gz "${src}"/tools/replay/traces/edge/*.trace; do
+  name=$(basename "${t}")
+  name=${name%%.*}
   json=$("${replay}" "${t}" --device sim-gpu --memory-limit 1.05x --json --no-progress)
   line=$(echo "${json}" | "${python}" -c '
 import json, sys
@@ -23,7 +25,7 @@ print(d["failures"], int(d["peak_reserved_bytes"] <= cap), "%.3f" % d["ratio"], 
   echo "${name}: peak reserved / peak live ${ratio}, ${maps} maps, ${unmaps} unmaps, ${failures} failed reserves"
   [ "${within}" = 1 ] || { echo "FAIL: ${name}: the peak reserved passed the cap"; status=1; }
   case ${name} in
-    kvgrow*) [ "${failures}" -lt 100 ] || { echo "FAIL: ${name}: ${failures} failed reserves"; status=1; } ;;
+    kvgrow*) [ "${failures}" -lt 10 ] || { echo "FAIL: ${name}: ${failures} failed reserves"; status=1; } ;;
     *) [ "${failures}" = 0 ] || { echo "FAIL: ${name}: ${failures} failed reserves"; status=1; } ;;
   esac
 done

@@ -34,6 +34,10 @@
 // peak of live bytes unmapped within 64 reserves: buffers of a few sizes in turn over more
 // addresses than the share keeps mapped), the share rises by 0.10 at a time, up to 2.00, and falls
 // back once such unmaps stop (note_churn).
+// Under a memory limit and near it, mappings are smaller: at most 1/64 of the limit (a power of two
+// of granules), and a mapping ahead of a growing slice no larger than that slice. A device unmaps
+// whole mappings only, so the free part of one that a live slice pins stays mapped, and a workload
+// capped just above its peak of live bytes has no room for such memory.
 // On a device whose unmaps wait behind its queued work, far from the budget, free mappings are
 // not unmapped while earlier unmaps are still in flight: an unmap then lowers the memory held only
 // once the work has passed, and a map at those addresses before that revives it (two driver calls
@@ -297,6 +301,14 @@ class arena_pool {
   /// (a power of two of granules within 1/grow_share of the memory mapped, up to `grow`).
   [[nodiscard]] std::uint64_t budget_granules(std::uint64_t size, std::uint64_t per_mille) const noexcept;
   [[nodiscard]] std::uint64_t grow_unit() const noexcept;
+  /// Near a memory limit: the largest mapping, a power of two of granules within 1/limit_share
+  /// of the limit (at least one granule, at most `grow` or the chunk).
+  [[nodiscard]] std::uint64_t limit_unit(const pool_context& ctx) const noexcept;
+  // Measured on 36 traces (BENCHMARKS.md, "Smaller mappings near a memory limit") capped at 1.05
+  // times their peak of live bytes: 1/64 completes every one but the growing caches (4-8 failed
+  // reserves each, 14-21 before), in 25% more maps than mappings of up to a chunk; 1/32 leaves
+  // odd_sizes_limit failing and the caches at 10 each.
+  static constexpr std::uint64_t limit_share = 64;
   /// Granules this arena may have mapped under the device's memory limit (what the other pools
   /// hold subtracted); no_limit without one.
   [[nodiscard]] std::uint64_t limit_granules(const pool_context& ctx) const;
