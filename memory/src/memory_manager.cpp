@@ -808,9 +808,18 @@ result<void> memory_manager::set_memory_limit(std::uint64_t bytes) {
 
 result<void> memory_manager::reclaim() {
   ++stats_.reclaims;
-  // Memory pressure, the one place the device waits for streams (counted in stream_waits).
+  // Memory pressure, the one place the device waits for its streams (counted in stream_waits).
   if (order_.ordered() && order_.wait_all()) harvest();
-  return cleanup(true);
+  auto r = cleanup(true);
+  // Memory on its way back (unmaps and page frees queued behind the device's own stream, those of
+  // the cleanup above included) is held until that stream has run its work: wait for it, so that
+  // the retry finds the memory gone rather than counted against the limit or the device.
+  if (r && !capture_ && store_.ordered() && store_.returning_bytes() != 0) {
+    ++returning_waits_;
+    if (auto w = store_.synchronize(); !w) return w;
+    r = store_.flush();
+  }
+  return r;
 }
 
 result<void> memory_manager::flush() {
@@ -829,7 +838,7 @@ memory_usage memory_manager::dynamic_usage() const noexcept {
 const memory_statistics& memory_manager::statistics() {
   process_releases();
   stats_.bytes_returning = store_.returning_bytes();
-  stats_.stream_waits = order_.waits();
+  stats_.stream_waits = order_.waits() + returning_waits_;
   stats_.fences = order_.fences();
   stats_.streams = order_.stream_count();
   stats_.stream_registrations = order_.registrations_made();

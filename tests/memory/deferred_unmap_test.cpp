@@ -349,3 +349,41 @@ TEST(DeferredUnmaps, MemoryMappedAheadIsAlwaysFreeOrUsed) {
     }
   }
 }
+
+// Under a memory limit, memory on its way back behind a busy device counts against the limit.
+// Out of memory, the reclaim waits for the device (memory pressure, the one place it waits) so
+// that the retry finds that memory gone: the reserve succeeds, where without the wait it failed
+// although nothing but queued work held the memory.
+TEST(DeferredUnmaps, AReclaimUnderTheLimitWaitsForMemoryOnItsWayBack) {
+  devices::sim_options o;
+  o.streams = true;
+  o.deferred_unmaps = true;
+  o.props.map_granularity = 2 * mib;
+  auto store = storage::make<devices::sim_storage>(o);
+  devices::sim_storage* sim = store.backend<devices::sim_storage>();
+  manager_options opts;
+  opts.layout = parse_layout("arena:space=256MiB,grow=0").value();
+  opts.memory_limit = 48 * mib;
+  memory_manager m(std::move(store), opts);
+
+  auto a = m.reserve(32 * mib, stream_a).value();
+  auto guard = m.reserve(2 * mib, stream_a).value();  // keeps A's hole apart from the free end
+  EXPECT_TRUE(m.end_batch());
+  (void)sim->record_event(stream_a).value();  // work still queued on the stream, which may use A
+  a.reset();
+  ASSERT_TRUE(m.cleanup(true));
+  ASSERT_EQ(m.statistics().bytes_returning, 32 * mib) << "A's memory waits behind the queued work";
+
+  // 40 MiB fits neither A's hole nor, with A's memory still held, the limit.
+  auto refused = m.reserve(40 * mib, stream_a);
+  ASSERT_FALSE(refused);
+  EXPECT_EQ(refused.code(), errc::out_of_memory);
+  const std::uint64_t waits = m.statistics().stream_waits;
+  ASSERT_TRUE(m.reclaim());
+  EXPECT_EQ(m.statistics().stream_waits, waits + 1) << "the reclaim waited for the device, once, counted";
+  EXPECT_EQ(m.statistics().bytes_returning, 0u);
+  auto b = m.reserve(40 * mib, stream_a);
+  ASSERT_TRUE(b) << b.err().message();
+  EXPECT_LE(m.statistics().bytes_reserved, 48 * mib);
+  EXPECT_EQ(m.check_invariants(), "");
+}

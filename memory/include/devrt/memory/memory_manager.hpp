@@ -41,7 +41,8 @@ struct manager_options {
   /// Initial mode; by default `persistent` under the `enforced` policy and `automatic` otherwise.
   std::optional<allocation_mode> mode;
   /// On out-of-memory, `reserve` reclaims once (waits for the streams' fences, a counted wait
-  /// under memory pressure, then an explicit cleanup) and retries once before it fails. The
+  /// under memory pressure, then an explicit cleanup and a wait for memory on its way back: see
+  /// `reclaim`) and retries once before it fails. The
   /// runtime's devices do; a bare manager reports the first refusal.
   bool reclaim_on_out_of_memory = false;
   /// The most the device may hold for devrt (bytes; 0: no limit but the device's own), as
@@ -167,7 +168,10 @@ class memory_manager {
   result<void> set_memory_limit(std::uint64_t bytes);
   [[nodiscard]] std::uint64_t memory_limit() const noexcept { return ctx_.limit; }
   /// After an out-of-memory error, before one retry (counted as a reclaim): waits for the streams'
-  /// fences (memory pressure: a counted wait), then an explicit cleanup.
+  /// fences (memory pressure: a counted wait), then an explicit cleanup; where memory is still on
+  /// its way back behind queued work (`bytes_returning`, the cleanup's unmaps included), waits for
+  /// the device to run that work and lets the memory go, so that it no longer counts against the
+  /// limit or the device. Errors: those of the device's synchronization and flush.
   result<void> reclaim();
 
   /// Replaces the dynamic pools by those of `layout` if none of their slices is live and no memory
@@ -367,6 +371,8 @@ class memory_manager {
   std::optional<capture_state> capture_;
   std::uint64_t reserve_count_ = 0;
   bool cleanup_owed_ = false;
+  // Device synchronizations of `reclaim` for memory on its way back (part of stream_waits).
+  std::uint64_t returning_waits_ = 0;
   memory_history history_;
   std::vector<std::unique_ptr<tag_space>> tags_;  // by tag number - 1; null for tags not used here
   // Pinned blocks no tag holds, kept because pinning costs far more than the copy into them (about

@@ -52,12 +52,13 @@ struct memory_statistics {
   std::uint64_t failed_reserves = 0;  ///< reserves that returned an error
   std::uint64_t out_of_memory = 0;    ///< storage allocations refused by the device
   std::uint64_t out_of_memory_errors =
-      0;                           ///< reserves and wakes that failed with out_of_memory (after a reclaim and retry)
-  std::uint64_t cleanups = 0;      ///< explicit cleanups run
-  std::uint64_t reclaims = 0;      ///< cleanups forced by an out-of-memory before a retry
-  std::uint64_t stream_waits = 0;  ///< times the device waited for streams' fences (memory pressure)
-  std::uint64_t fences = 0;        ///< fences recorded on streams (one per stream per batch of frees)
-  std::uint64_t streams = 0;       ///< streams whose memory devrt tracks now (registrations alive)
+      0;                       ///< reserves and wakes that failed with out_of_memory (after a reclaim and retry)
+  std::uint64_t cleanups = 0;  ///< explicit cleanups run
+  std::uint64_t reclaims = 0;  ///< cleanups forced by an out-of-memory before a retry
+  std::uint64_t stream_waits =
+      0;  ///< times the device waited for its streams (memory pressure: fences, memory on its way back)
+  std::uint64_t fences = 0;                  ///< fences recorded on streams (one per stream per batch of frees)
+  std::uint64_t streams = 0;                 ///< streams whose memory devrt tracks now (registrations alive)
   std::uint64_t stream_registrations = 0;    ///< streams registered so far (a reused handle counts anew)
   std::uint64_t broken_streams = 0;          ///< registrations whose fence could not be recorded or queried
   std::uint64_t bytes_held_for_streams = 0;  ///< freed bytes kept until their streams' fences pass
