@@ -53,7 +53,7 @@ constexpr family families[] = {
     {"devrt_driver_frees", true, false, "Pages returned to the device.",
      [](const auto& s, const auto&) { return s.driver_frees; }},
     {"devrt_fences", true, false, "Fences recorded on streams.", [](const auto& s, const auto&) { return s.fences; }},
-    {"devrt_stream_waits", true, false, "Times the device waited for streams' fences under memory pressure.",
+    {"devrt_stream_waits", true, false, "Times the device waited for its streams under memory pressure.",
      [](const auto& s, const auto&) { return s.stream_waits; }},
     {"devrt_cleanups", true, false, "Explicit cleanups.", [](const auto& s, const auto&) { return s.cleanups; }},
     {"devrt_reclaims", true, false, "Cleanups forced by an out-of-memory before a retry.",

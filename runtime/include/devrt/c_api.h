@@ -126,7 +126,7 @@ typedef struct devrt_stats {
   uint64_t device_refusals;      /* driver allocations refused by the device */
   uint64_t cleanups;             /* explicit cleanups (devrt_empty_cache) */
   uint64_t reclaims;             /* cleanups forced by an out-of-memory before one retry */
-  uint64_t stream_waits;         /* times devrt waited for streams to pass their frees (memory pressure) */
+  uint64_t stream_waits;         /* times devrt waited for its streams (memory pressure) */
   uint64_t fences;               /* fences taken or recorded on streams for frees */
   uint64_t streams;              /* streams whose memory devrt tracks now */
   /* Version 2 (DEVRT_STATS_VERSION 2): sleep and wake. */
