@@ -4,7 +4,8 @@
 # peak of live bytes: the peak reserved stays within the cap on every one, and every pattern but
 # the growing caches completes without a failed reserve (those fail a few of their ~3,800 reserves
 # at that cap, 4 today and 21 with mappings of up to 32 MiB near the limit: BENCHMARKS.md, "Near
-# the memory limit", says why no allocator that leaves live memory in place does better).
+# the memory limit", says why no allocator that leaves live memory in place does better); then the
+# recorded traces behind a busy simulated GPU.
 #
 #   synth_capped.sh PYTHON3 DEVRT_REPLAY SOURCE_DIR WORK_DIR
 set -euo pipefail
@@ -28,5 +29,20 @@ print(d["failures"], int(d["peak_reserved_bytes"] <= cap), "%.3f" % d["ratio"], 
     kvgrow*) [ "${failures}" -lt 10 ] || { echo "FAIL: ${name}: ${failures} failed reserves"; status=1; } ;;
     *) [ "${failures}" = 0 ] || { echo "FAIL: ${name}: ${failures} failed reserves"; status=1; } ;;
   esac
+done
+# The recorded traces, capped the same way with the simulated GPU 16 events behind (unmaps wait
+# behind its work): an out-of-memory reclaim waits for the memory on its way back, so every one
+# completes within the cap.
+for t in "${src}"/tools/replay/traces/*.trace.gz "${src}"/tools/replay/traces/torch/*.trace.gz; do
+  name=$(basename "${t}" .trace.gz)
+  json=$("${replay}" "${t}" --device sim-gpu --gpu-lag 16 --memory-limit 1.05x --json --no-progress)
+  line=$(echo "${json}" | "${python}" -c '
+import json, sys
+d = json.loads(sys.stdin.read())
+print(d["failures"], int(d["peak_reserved_bytes"] <= 1.05 * d["peak_live_bytes"]), "%.3f" % d["ratio"], d["maps"])')
+  read -r failures within ratio maps <<<"${line}"
+  echo "${name} behind the GPU: peak reserved / peak live ${ratio}, ${maps} maps, ${failures} failed reserves"
+  [ "${within}" = 1 ] || { echo "FAIL: ${name} behind the GPU: the peak reserved passed the cap"; status=1; }
+  [ "${failures}" = 0 ] || { echo "FAIL: ${name} behind the GPU: ${failures} failed reserves"; status=1; }
 done
 exit ${status}
