@@ -36,6 +36,26 @@ struct device {
   }
 };
 
+// One arena of 256 MiB without the growth policy, under a memory limit, on a device with deferred
+// unmaps.
+struct limited_arena {
+  devices::sim_storage* sim = nullptr;
+  std::unique_ptr<memory_manager> m;
+
+  explicit limited_arena(std::uint64_t limit) {
+    devices::sim_options o;
+    o.streams = true;
+    o.deferred_unmaps = true;
+    o.props.map_granularity = 2 * mib;
+    auto store = storage::make<devices::sim_storage>(o);
+    sim = store.backend<devices::sim_storage>();
+    manager_options opts;
+    opts.layout = parse_layout("arena:space=256MiB,grow=0").value();
+    opts.memory_limit = limit;
+    m = std::make_unique<memory_manager>(std::move(store), opts);
+  }
+};
+
 // A and B side by side; A is dropped; C does not fit in A's hole and is mapped after B, which takes
 // the memory held past the budget of free mappings: A's mapping is unmapped to make room.
 struct evict_then_map {
@@ -296,16 +316,9 @@ TEST(DeferredUnmaps, BehindAnUnmapInFlightFreeMemoryStaysMappedUntilTheDeviceCau
 // counts as held until a map takes or releases it. A map under the memory limit releases what it
 // does not take before it takes new memory, so the limit must not count both: the map fits.
 TEST(DeferredUnmaps, AMapUnderTheLimitDoesNotCountTheKeptMemoryItReleasesFirst) {
-  devices::sim_options o;
-  o.streams = true;
-  o.deferred_unmaps = true;
-  o.props.map_granularity = 2 * mib;
-  auto store = storage::make<devices::sim_storage>(o);
-  devices::sim_storage* sim = store.backend<devices::sim_storage>();
-  manager_options opts;
-  opts.layout = parse_layout("arena:space=256MiB,grow=0").value();
-  opts.memory_limit = 10 * mib;
-  memory_manager m(std::move(store), opts);
+  limited_arena d(10 * mib);
+  devices::sim_storage* sim = d.sim;
+  memory_manager& m = *d.m;
 
   auto a = m.reserve(6 * mib, stream_a).value();      // granules 0..2, one mapping
   auto guard = m.reserve(2 * mib, stream_a).value();  // granule 3
@@ -355,16 +368,9 @@ TEST(DeferredUnmaps, MemoryMappedAheadIsAlwaysFreeOrUsed) {
 // that the retry finds that memory gone: the reserve succeeds, where without the wait it failed
 // although nothing but queued work held the memory.
 TEST(DeferredUnmaps, AReclaimUnderTheLimitWaitsForMemoryOnItsWayBack) {
-  devices::sim_options o;
-  o.streams = true;
-  o.deferred_unmaps = true;
-  o.props.map_granularity = 2 * mib;
-  auto store = storage::make<devices::sim_storage>(o);
-  devices::sim_storage* sim = store.backend<devices::sim_storage>();
-  manager_options opts;
-  opts.layout = parse_layout("arena:space=256MiB,grow=0").value();
-  opts.memory_limit = 48 * mib;
-  memory_manager m(std::move(store), opts);
+  limited_arena d(48 * mib);
+  devices::sim_storage* sim = d.sim;
+  memory_manager& m = *d.m;
 
   auto a = m.reserve(32 * mib, stream_a).value();
   auto guard = m.reserve(2 * mib, stream_a).value();  // keeps A's hole apart from the free end
