@@ -169,9 +169,10 @@ class memory_manager {
   [[nodiscard]] std::uint64_t memory_limit() const noexcept { return ctx_.limit; }
   /// After an out-of-memory error, before one retry (counted as a reclaim): waits for the streams'
   /// fences (memory pressure: a counted wait), then an explicit cleanup; where memory is still on
-  /// its way back behind queued work (`bytes_returning`, the cleanup's unmaps included), waits for
-  /// the device to run that work and lets the memory go, so that it no longer counts against the
-  /// limit or the device. Errors: those of the device's synchronization and flush.
+  /// its way back behind the device's own stream (`bytes_returning`, the cleanup's unmaps
+  /// included), waits for that stream and lets the memory go, so that it no longer counts against
+  /// the limit or the device (also counted in stream_waits). Errors: those of the storage's
+  /// synchronize and flush.
   result<void> reclaim();
 
   /// Replaces the dynamic pools by those of `layout` if none of their slices is live and no memory
