@@ -644,6 +644,56 @@ TEST(CudaStreams, MappingOverAPendingUnmapNeverWaits) {
   ASSERT_EQ(m.retire_stream(qa).code(), errc::ok);
 }
 
+// Under a memory limit, memory whose unmap waits behind a busy stream still counts against the
+// limit. A reserve that needs it fails its first attempt; the reclaim then waits for the device's
+// stream (memory pressure, the one place the device waits, counted in stream_waits), so the retry
+// succeeds within the limit, and the kernel still reading the old memory reads it to the end
+// (memcheck sees no access to unmapped memory).
+TEST(CudaStreams, AReclaimUnderTheLimitWaitsForMemoryABusyStreamStillReads) {
+  DEVRT_REQUIRE_GPU();
+  auto store = memory::storage::make<devices::cuda_storage>(0);
+  auto* cuda = store.backend<devices::cuda_storage>();
+  if (cuda->properties().map_granularity != 2ULL << 20)
+    GTEST_SKIP() << "the test's sizes assume mappings of 2 MiB granules";
+  constexpr std::uint64_t mib = 1ULL << 20;
+  memory::manager_options opts;
+  opts.layout = memory::parse_layout("arena:space=256MiB,grow=0").value();
+  opts.memory_limit = 48 * mib;
+  opts.reclaim_on_out_of_memory = true;  // as the runtime sets it
+  memory::memory_manager m(std::move(store), opts);
+  user_stream a;
+  mismatch_counter bad;
+  const memory::stream_id qa = stream::native(a.s).id();
+
+  auto x = m.reserve(32 * mib, qa).value();
+  auto guard = m.reserve(2 * mib, qa).value();  // keeps x's hole apart from the arena's free end
+  test_kernels::fill_pattern(x.ptr(), 32 * mib, 61, a.s);
+  test_kernels::spin_then_check(x.ptr(), 32 * mib, 61, 300'000, bad.d, a.s);
+  ASSERT_TRUE(m.end_batch());
+  x.reset();
+  ASSERT_TRUE(m.cleanup(true));  // x's mapping goes, behind the spinning kernel
+  ASSERT_EQ(m.statistics().bytes_returning, 32 * mib) << "memory a busy stream still reads went back";
+  const std::uint64_t waits = m.statistics().stream_waits;
+  const std::uint64_t reclaims = m.statistics().reclaims;
+
+  // 40 MiB fits neither x's hole nor, with x's memory still held, the limit: one reclaim, which waits.
+  auto y = m.reserve(40 * mib, qa);
+  ASSERT_TRUE(y) << y.err().message();
+  EXPECT_EQ(m.statistics().reclaims, reclaims + 1);
+  EXPECT_GE(m.statistics().stream_waits, waits + 1) << "the reclaim's wait for the device was not counted";
+  EXPECT_EQ(m.statistics().bytes_returning, 0u);
+  EXPECT_LE(m.statistics().bytes_reserved, 48 * mib);
+  EXPECT_LE(cuda->allocated_bytes(), 48 * mib) << "the device held more than the limit";
+  test_kernels::fill_pattern(y.value().ptr(), 40 * mib, 62, a.s);
+  test_kernels::spin_then_check(y.value().ptr(), 40 * mib, 62, 1'000, bad.d, a.s);
+  ASSERT_EQ(cudaStreamSynchronize(a.s), cudaSuccess);
+  EXPECT_EQ(bad.value(), 0u) << "a kernel read memory that changed or went away under it";
+  EXPECT_EQ(m.check_invariants(), "");
+  y.value().reset();
+  guard.reset();
+  ASSERT_EQ(m.retire_stream(qa).code(), errc::ok);
+}
+
 // One stream blocked for 100 ms while 15 other threads reserve and free: their reserves are not
 // held behind it (the blocked thread's read completes from an event, not on the device thread).
 TEST(CudaStreams, ABlockedStreamDoesNotStallOtherClients) {
