@@ -254,6 +254,20 @@ inline std::uint64_t arena_pool::count_missing(std::uint64_t first, std::uint64_
   return missing;
 }
 
+std::uint64_t arena_pool::count_unmapped(std::uint64_t first, std::uint64_t last) const noexcept {
+  std::uint64_t unmapped = 0;
+  for (std::uint64_t g = first; g <= last;) {
+    const std::uint32_t m = granules_[g].mapping;
+    if (m == npos) {
+      ++unmapped;
+      ++g;
+      continue;
+    }
+    g = mappings_[m].first + mappings_[m].count;
+  }
+  return unmapped;
+}
+
 void arena_pool::trim(pool_context& ctx, std::uint64_t limit) {
   while (oldest_free_ != npos && free_mapped_ * granule_ > limit) {
     const std::uint32_t m = oldest_free_;
@@ -504,7 +518,13 @@ result<detail::descriptor*> arena_pool::alloc(pool_context& ctx, std::uint64_t s
           }
         }
       }
-      if (auto r = map_granules(ctx, first, map_last, shared_tail, cut, size); !r) {
+      // Under a memory limit, a slice whose new memory cannot fit maps nothing: a partial map
+      // would be given back at once (driver calls for nothing, and memory on its way back that the
+      // reclaim after this refusal would wait for). Ghosts revived cost nothing new.
+      result<void> r = cap != no_limit && !ctx.within_limit(count_unmapped(first, last) * granule_, true)
+                           ? result<void>(ctx.over_limit(size))
+                           : map_granules(ctx, first, map_last, shared_tail, cut, size);
+      if (!r) {
         // The free mappings taken off the list go back on it.
         list_unused(first, last);
         // Refused: once more if a placement elsewhere adds fewer granules.

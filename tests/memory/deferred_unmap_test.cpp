@@ -6,6 +6,7 @@
 
 #include <memory>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "devrt/devices/sim_storage.hpp"
@@ -361,6 +362,37 @@ TEST(DeferredUnmaps, MemoryMappedAheadIsAlwaysFreeOrUsed) {
       ASSERT_EQ(problem, "") << "seed " << seed << ", step " << step;
     }
   }
+}
+
+// Under a memory limit, a reserve whose new memory cannot fit maps nothing: it fails without a
+// driver call, leaves nothing on its way back for a reclaim to wait for, and the memory held never
+// rises toward the limit on its account.
+TEST(DeferredUnmaps, UnderTheLimitAReserveThatCannotFitMapsNothing) {
+  limited_arena d(48 * mib);
+  memory_manager& m = *d.m;
+
+  auto a = m.reserve(32 * mib, stream_a).value();
+  auto guard = m.reserve(2 * mib, stream_a).value();
+  EXPECT_TRUE(m.end_batch());
+  const memory_statistics before = m.statistics();
+  ASSERT_EQ(before.bytes_reserved, 34 * mib);
+
+  // 40 MiB more would take 74 MiB past the 48 MiB limit.
+  auto refused = m.reserve(40 * mib, stream_a);
+  ASSERT_FALSE(refused);
+  EXPECT_EQ(refused.code(), errc::out_of_memory);
+  EXPECT_NE(refused.err().message().find("memory limit"), std::string::npos) << refused.err().message();
+  const memory_statistics& after = m.statistics();
+  EXPECT_EQ(after.maps, before.maps) << "a reserve bound to fail mapped memory";
+  EXPECT_EQ(after.unmaps, before.unmaps);
+  EXPECT_EQ(after.bytes_returning, 0u);
+  EXPECT_EQ(after.peak_bytes_reserved, before.peak_bytes_reserved);
+
+  // What fits still maps: 14 MiB is the room left.
+  auto fits = m.reserve(14 * mib, stream_a);
+  ASSERT_TRUE(fits) << fits.err().message();
+  EXPECT_LE(m.statistics().bytes_reserved, 48 * mib);
+  EXPECT_EQ(m.check_invariants(), "");
 }
 
 // Under a memory limit, memory on its way back behind a busy device counts against the limit.
