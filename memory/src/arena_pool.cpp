@@ -240,11 +240,11 @@ void arena_pool::grow_granules(std::uint64_t count) {
   granules_.resize(std::min(total, std::max<std::uint64_t>(count, 2 * granules_.size())));
 }
 
-inline std::uint64_t arena_pool::count_missing(std::uint64_t first, std::uint64_t last) const noexcept {
+inline std::uint64_t arena_pool::count_missing(std::uint64_t first, std::uint64_t last, bool ghosts) const noexcept {
   std::uint64_t missing = 0;
   for (std::uint64_t g = first; g <= last;) {
     const std::uint32_t m = granules_[g].mapping;
-    if (m == npos || mappings_[m].ghost) {
+    if (m == npos || (ghosts && mappings_[m].ghost)) {
       ++missing;
       ++g;
       continue;
@@ -252,20 +252,6 @@ inline std::uint64_t arena_pool::count_missing(std::uint64_t first, std::uint64_
     g = mappings_[m].first + mappings_[m].count;
   }
   return missing;
-}
-
-std::uint64_t arena_pool::count_unmapped(std::uint64_t first, std::uint64_t last) const noexcept {
-  std::uint64_t unmapped = 0;
-  for (std::uint64_t g = first; g <= last;) {
-    const std::uint32_t m = granules_[g].mapping;
-    if (m == npos) {
-      ++unmapped;
-      ++g;
-      continue;
-    }
-    g = mappings_[m].first + mappings_[m].count;
-  }
-  return unmapped;
 }
 
 void arena_pool::trim(pool_context& ctx, std::uint64_t limit) {
@@ -521,7 +507,7 @@ result<detail::descriptor*> arena_pool::alloc(pool_context& ctx, std::uint64_t s
       // Under a memory limit, a slice whose new memory cannot fit maps nothing: a partial map
       // would be given back at once (driver calls for nothing, and memory on its way back that the
       // reclaim after this refusal would wait for). Ghosts revived cost nothing new.
-      result<void> r = cap != no_limit && !ctx.within_limit(count_unmapped(first, last) * granule_, true)
+      result<void> r = cap != no_limit && !ctx.within_limit(count_missing(first, last, false) * granule_, true)
                            ? result<void>(ctx.over_limit(size))
                            : map_granules(ctx, first, map_last, shared_tail, cut, size);
       if (!r) {

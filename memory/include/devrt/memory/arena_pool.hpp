@@ -294,11 +294,10 @@ class arena_pool {
     if (count > granules_.size()) grow_granules(count);
   }
   void grow_granules(std::uint64_t count);
-  /// Granules of [first, last] without memory (ghosts included).
-  [[nodiscard]] std::uint64_t count_missing(std::uint64_t first, std::uint64_t last) const noexcept;
-  /// Granules of [first, last] that no mapping covers, ghosts not counted: a ghost revived takes
-  /// no new memory.
-  [[nodiscard]] std::uint64_t count_unmapped(std::uint64_t first, std::uint64_t last) const noexcept;
+  /// Granules of [first, last] without memory: those no mapping covers, and with `ghosts` those
+  /// whose unmap is in flight (a map revives them; without `ghosts` they are not counted, since a
+  /// revived ghost takes no new memory).
+  [[nodiscard]] std::uint64_t count_missing(std::uint64_t first, std::uint64_t last, bool ghosts = true) const noexcept;
   /// `grow`: granules the memory mapped may reach with a new live slice of `size` bytes
   /// (`per_mille` / 1000 of the peak of live bytes), and the mapping unit where the arena grows
   /// (a power of two of granules within 1/grow_share of the memory mapped, up to `grow`).
