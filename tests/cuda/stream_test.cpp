@@ -645,10 +645,11 @@ TEST(CudaStreams, MappingOverAPendingUnmapNeverWaits) {
 }
 
 // Under a memory limit, memory a busy stream still reads (kept for the stream until its fence
-// passes, or unmapped behind it) counts against the limit. A reserve that needs it fails its first
-// attempt; the reclaim then waits (memory pressure, the one place the device waits, counted in
-// stream_waits), so the retry succeeds within the limit, and the kernel still reading the old
-// memory reads it to the end (memcheck sees no access to unmapped memory).
+// passes, or unmapped behind it) counts against the limit. A reserve that needs it waits for the
+// stream's fence (memory pressure, the one place the device waits, counted in stream_waits; a
+// cleanup, counted in reclaims, follows only when that is not enough), so it succeeds within the
+// limit, and the kernel still reading the old memory reads it to the end (memcheck sees no access
+// to unmapped memory).
 TEST(CudaStreams, AReclaimUnderTheLimitWaitsForMemoryABusyStreamStillReads) {
   DEVRT_REQUIRE_GPU();
   auto store = memory::storage::make<devices::cuda_storage>(0);
@@ -682,11 +683,11 @@ TEST(CudaStreams, AReclaimUnderTheLimitWaitsForMemoryABusyStreamStillReads) {
   const std::uint64_t waits = m.statistics().stream_waits;
   const std::uint64_t reclaims = m.statistics().reclaims;
 
-  // 40 MiB fits neither x's hole nor, with x's memory still held, the limit: one reclaim, which waits.
+  // 40 MiB fits neither x's hole nor, with x's memory still held, the limit: the reserve waits.
   auto y = m.reserve(40 * mib, qa);
   ASSERT_TRUE(y) << y.err().message();
-  EXPECT_EQ(m.statistics().reclaims, reclaims + 1);
-  EXPECT_GE(m.statistics().stream_waits, waits + 1) << "the reclaim's wait for the device was not counted";
+  EXPECT_LE(m.statistics().reclaims, reclaims + 1);
+  EXPECT_GE(m.statistics().stream_waits, waits + 1) << "the wait for the stream's fence was not counted";
   EXPECT_EQ(m.statistics().bytes_returning, 0u);
   EXPECT_LE(m.statistics().bytes_reserved, 48 * mib);
   EXPECT_LE(cuda->allocated_bytes(), 48 * mib) << "the device held more than the limit";
