@@ -347,9 +347,9 @@ class arena_pool {
   // Frequent unmaps rather than large ones: when more than churn_rate_unmaps of a window of
   // churn_rate_window reserves unmapped to make room, the share rises by churn_rate_step_per_mille.
   // Growing caches (each reserve a little larger than the hole the cache's last one leaves) made
-  // 110-180 such reserves in 2,048 at 1.10x, 3-4 times more driver calls than at 1.40x, while the
-  // main job, the recorded traces and PyTorch's histories stay under 48 (BENCHMARKS.md, "Frequent
-  // unmaps far from the budget").
+  // 56-185 such reserves in 2,048 at 1.10x, and 665 driver calls where 1.40x makes 65; the main
+  // job made at most 32, PyTorch's bert_infer 40 (BENCHMARKS.md, "Frequent unmaps far from the
+  // budget").
   static constexpr std::uint64_t churn_rate_window = 2048;
   static constexpr std::uint64_t churn_rate_unmaps = 48;
   static constexpr std::uint64_t churn_rate_step_per_mille = 300;
