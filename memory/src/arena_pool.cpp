@@ -342,10 +342,6 @@ void arena_pool::note_churn(std::uint64_t unmapped) {
     churn_window_start_ = reserves_;
     churn_bytes_ = 0;
   }
-  if (reserves_ - rate_window_start_ >= churn_rate_window) {
-    rate_window_start_ = reserves_;
-    rate_unmaps_ = 0;
-  }
   if (unmapped == 0) return;
   // After a long quiet the share falls back a half step at the next unmap to make room.
   if (reserves_ - last_churn_ >= churn_quiet && share_per_mille_ > roomy_per_mille) {
@@ -353,19 +349,13 @@ void arena_pool::note_churn(std::uint64_t unmapped) {
   }
   last_churn_ = reserves_;
   churn_bytes_ += unmapped;
-  ++rate_unmaps_;
-  // Within one window more was unmapped to make room than twice the peak of live bytes, or more
-  // reserves unmapped than the rate allows: the workload cycles over more memory than the share
-  // keeps mapped, and what one reserve unmaps a later one maps again. Keep more.
-  const bool large = churn_bytes_ / 1000 >= peak_live_ / 1000 * churn_per_mille / 1000;
-  const bool frequent = rate_unmaps_ > churn_rate_unmaps;
-  if ((large || frequent) && share_per_mille_ < max_share_per_mille) {
-    share_per_mille_ =
-        std::min(max_share_per_mille, share_per_mille_ + (frequent ? churn_rate_step_per_mille : churn_step_per_mille));
+  if (churn_bytes_ / 1000 >= peak_live_ / 1000 * churn_per_mille / 1000 && share_per_mille_ < max_share_per_mille) {
+    // Within one window more was unmapped to make room than twice the peak of live bytes: the
+    // workload cycles over more memory than the share keeps mapped, and each reserve unmaps what
+    // the next maps again. Keep more.
+    share_per_mille_ = std::min(max_share_per_mille, share_per_mille_ + churn_step_per_mille);
     churn_bytes_ = 0;
     churn_window_start_ = reserves_;
-    rate_unmaps_ = 0;
-    rate_window_start_ = reserves_;
   }
 }
 

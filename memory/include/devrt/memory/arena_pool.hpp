@@ -344,15 +344,6 @@ class arena_pool {
   static constexpr std::uint64_t churn_per_mille = 2000;
   static constexpr std::uint64_t churn_quiet = 4096;
   static constexpr std::uint64_t churn_step_per_mille = 100;
-  // Frequent unmaps rather than large ones: when more than churn_rate_unmaps of a window of
-  // churn_rate_window reserves unmapped to make room, the share rises by churn_rate_step_per_mille.
-  // Growing caches (each reserve a little larger than the hole the cache's last one leaves) made
-  // 56-185 such reserves in 2,048 at 1.10x, and 665 driver calls where 1.40x makes 65; the main
-  // job made at most 32, PyTorch's bert_infer 40 (BENCHMARKS.md, "Frequent unmaps far from the
-  // budget").
-  static constexpr std::uint64_t churn_rate_window = 2048;
-  static constexpr std::uint64_t churn_rate_unmaps = 48;
-  static constexpr std::uint64_t churn_rate_step_per_mille = 300;
   static constexpr std::uint64_t max_share_per_mille = 2000;
   /// Counts `unmapped` bytes unmapped far from the budget to make room, and raises the share on churn.
   void note_churn(std::uint64_t unmapped);
@@ -400,9 +391,7 @@ class arena_pool {
   std::uint64_t churn_window_start_ = 0;
   std::uint64_t share_per_mille_ = roomy_per_mille;
   std::uint64_t last_churn_ = 0;
-  std::uint64_t rate_window_start_ = 0;  // the first reserve of the current churn_rate_window
-  std::uint64_t rate_unmaps_ = 0;        // reserves of that window that unmapped to make room
-  std::uint32_t tail_ = npos;            // the last slice of the range (its free end, unless full)
+  std::uint32_t tail_ = npos;  // the last slice of the range (its free end, unless full)
   std::uint16_t index_;
   storage_id range_ = 0;
   std::uintptr_t base_ = 0;  // the range's first address (0: the device gives none)
