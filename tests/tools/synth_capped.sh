@@ -43,7 +43,7 @@ done
 # completes within the cap, but PyTorch's llama_gen: it fails one of its 161,218 reserves (16 MiB
 # and 32 KiB asked, 88 MiB free in holes of at most 16 MiB). Its cap is its floor: the textbook best
 # fit of devrt_bench_yardstick, placing bytes with no granules or mappings, already needs 1.050
-# times its peak of live bytes without a cap (BENCHMARKS.md, "Mapping ahead to 1.06 times").
+# times its peak of live bytes without a cap (BENCHMARKS.md, "Mapping ahead to 1.06 times, tried").
 for t in "${src}"/tools/replay/traces/*.trace.gz "${src}"/tools/replay/traces/torch/*.trace.gz; do
   name=$(basename "${t}" .trace.gz)
   case ${name} in

@@ -25,8 +25,8 @@
 // keeps its last granule rather than mapping it apart. Those are the shares near the device's
 // budget (pool_context: its memory limit, else its capacity). Far from it (pool_context::roomy)
 // free mappings stay mapped within 1.10 times the peak of live bytes, and the arena maps ahead
-// within 1.06 times, at most 128 MiB at once, in units up to `grow` and a quarter of the headroom,
-// and not past a slice that maps a unit or more itself (its own mappings are then in units).
+// within 1.10 times, at most 128 MiB at once, in units up to `grow` and a quarter of the headroom,
+// and not past a slice that maps four units or more itself (its own mappings are then in units).
 // Far from the budget, free mappings also stay while the memory mapped stays within the most the
 // arena has held so far (since the last explicit cleanup): memory the workload needed once is kept
 // for when it needs it again, and a map unmaps only where it would otherwise raise that peak.
@@ -319,23 +319,19 @@ class arena_pool {
   // peak of live bytes, mapping ahead stops at 1.01 times it, a mapping ahead is at most 1/32 of
   // the memory mapped, and a run of fewer than 4 granules keeps its last granule. Far from the
   // device's budget (pool_context::roomy), measured on the same traces and llama_serve and
-  // gpt2_train against the fastest peer's memory: within 1.10 times, ahead to 1.06 times but at
+  // gpt2_train against the fastest peer's memory: within 1.15 times, ahead to 1.10 times but at
   // most 128 MiB at once (a model's weights, loaded in a burst and never freed, must not leave a
-  // tenth of their size mapped for nothing), in mappings of up to `grow`. Ahead to 1.10 times,
-  // PyTorch's llama_gen (a prefill whose logits raise the peak last) held 1.098 times its peak of
-  // live bytes, above expandable segments' 1.073; at 1.06 it holds 1.058, and the recorded traces
-  // map 10-90% more often (BENCHMARKS.md, "Mapping ahead to 1.06 times").
+  // tenth of their size mapped for nothing), in mappings of up to `grow`.
   static constexpr std::uint64_t budget_per_mille = 1040;
   static constexpr std::uint64_t ahead_per_mille = 1010;
   static constexpr std::uint64_t roomy_per_mille = 1100;
-  static constexpr std::uint64_t roomy_ahead_per_mille = 1060;
+  static constexpr std::uint64_t roomy_ahead_per_mille = 1100;
   static constexpr std::uint64_t roomy_ahead_bytes = std::uint64_t{128} << 20;
   // Far from the budget, a slice that maps at least this many units of the arena's growth maps
-  // nothing ahead. Measured on PyTorch's gpt2_train under devrt: at four units its last 3 GB
-  // buffer no longer left 56 MiB mapped ahead (the peak 0.17% below expandable segments' instead
-  // of 0.06% above); at one unit, with ahead to 1.06 times, the same peak in 191 maps instead of
-  // 205, and moe_train 230 instead of 305.
-  static constexpr std::uint64_t big_slice_units = 1;
+  // nothing ahead (measured on PyTorch's gpt2_train under devrt: its last 3 GB buffer had left
+  // 56 MiB mapped ahead, the peak 0.06% above expandable segments'; with this rule 0.17% below,
+  // in 159 maps instead of 149).
+  static constexpr std::uint64_t big_slice_units = 4;
   static constexpr std::uint64_t grow_share = 32;
   static constexpr std::uint64_t short_run = 4;
   // Remapping churn far from the budget: when the bytes unmapped to make room within a window of
