@@ -484,7 +484,17 @@ result<detail::descriptor*> arena_pool::alloc(pool_context& ctx, std::uint64_t s
           }
           const std::uint64_t ahead = budget_granules(size, roomy ? roomy_ahead_per_mille : ahead_per_mille);
           std::uint64_t room = ahead > mapped_ + missing ? ahead - mapped_ - missing : 0;
-          if (roomy) room = std::min({room, std::max<std::uint64_t>(1, roomy_ahead_bytes / granule_), headroom});
+          if (roomy) {
+            // A mapping ahead is memory for growth still to come: at most what this slice raises
+            // the peak of live bytes by, and at least roomy_ahead_min_bytes. A workload whose last
+            // burst raises the peak a little (a prefill's logits) then leaves little mapped for
+            // nothing, and a model loading buffer after buffer still maps far ahead.
+            const std::uint64_t now = usage_.bytes_in_use + size;
+            const std::uint64_t rise = now > peak_live_ ? (now - peak_live_ + granule_ - 1) / granule_ : 0;
+            const std::uint64_t most = std::max<std::uint64_t>(1, roomy_ahead_bytes / granule_);
+            const std::uint64_t least = std::max<std::uint64_t>(1, roomy_ahead_min_bytes / granule_);
+            room = std::min({room, most, std::max(least, rise), headroom});
+          }
           if (cap != no_limit) room = std::min(room, cap > mapped_ + missing ? cap - mapped_ - missing : 0);
           const std::uint64_t end = std::min(
               {(last / unit + 1) * unit, last + 1 + room, granule_of(s.offset + s.extent - 1) + 1, space_ / granule_});

@@ -212,6 +212,29 @@ TEST(MemoryLimit, FarFromTheBudgetABigSliceMapsNothingAheadASmallOneDoes) {
   EXPECT_EQ(m->check_invariants(), "");
 }
 
+TEST(MemoryLimit, FarFromTheBudgetAMappingAheadFollowsTheRiseOfThePeak) {
+  // Far from the budget the arena maps ahead where it grows, at most 128 MiB at once, but no
+  // further than the slice raises the peak of live bytes by (64 MiB in any case): a last burst
+  // that raises the peak a little leaves little mapped for nothing.
+  auto m = manager(64 * gib, 0);
+  auto weights = m->reserve(2 * gib);  // four units or more: its own granules, nothing ahead
+  ASSERT_TRUE(weights) << weights.err().message();
+  ASSERT_EQ(m->statistics().bytes_reserved, 2 * gib);
+  auto small_rise = m->reserve(40 * mib);
+  ASSERT_TRUE(small_rise) << small_rise.err().message();
+  memory_statistics st = m->statistics();
+  EXPECT_EQ(st.bytes_in_use, 2 * gib + 40 * mib);
+  EXPECT_LE(st.bytes_reserved, st.bytes_in_use + 64 * mib) << "a peak raised by 40 MiB maps 64 MiB ahead at most";
+  EXPECT_GE(st.bytes_reserved, st.bytes_in_use + 60 * mib) << "but maps ahead";
+  auto large_rise = m->reserve(300 * mib);
+  ASSERT_TRUE(large_rise) << large_rise.err().message();
+  st = m->statistics();
+  EXPECT_EQ(st.bytes_in_use, 2 * gib + 340 * mib);
+  EXPECT_GE(st.bytes_reserved, st.bytes_in_use + 120 * mib) << "a peak raised by 300 MiB maps further ahead";
+  EXPECT_LE(st.bytes_reserved, st.bytes_in_use + 128 * mib) << "at most 128 MiB ahead";
+  EXPECT_EQ(m->check_invariants(), "");
+}
+
 namespace {
 
 // Growing caches (a key-value cache per request, reallocated larger at every step): each growth

@@ -316,12 +316,12 @@ TEST(ReplayCore, PyTorchGpt2TrainHoldsNoMoreThanExpandableSegments) {
 }
 
 // PyTorch's llama_gen under devrt on an H100 (tools/replay/traces/torch/llama_gen.trace.gz): a
-// prefill of eight sequences of 512 tokens raises the peak of live bytes last, with its logits.
-// Idle and behind a busy GPU alike, the replay reaches the H100 run's peak reserved and no more:
-// 1,830,813,696 bytes (1.098 times the peak of live bytes, the arena's share for mapping ahead far
-// from the budget; expandable segments held 1,788,870,656 in the same call, BENCHMARKS.md,
-// "Mapping ahead to 1.06 times, tried"), with a model's weights mapped in units.
-TEST(ReplayCore, PyTorchLlamaGenHoldsNoMoreThanOnTheGpu) {
+// prefill of eight sequences of 512 tokens raises the peak of live bytes last, by 70 MiB, with its
+// logits. Idle and behind a busy GPU alike, the replay holds no more than expandable segments did
+// in the same call (1,788,870,656 bytes, BENCHMARKS.md, "Mapping ahead to 1.06 times, tried").
+// While a mapping ahead could reach 128 MiB whatever the rise of the peak, the logits left 124 MiB
+// mapped for nothing: 1,830,813,696 bytes, the H100 run's peak.
+TEST(ReplayCore, PyTorchLlamaGenHoldsNoMoreThanExpandableSegments) {
   auto t = read_trace(std::string(DEVRT_TRACES_DIR) + "/torch/llama_gen.trace.gz", std::nullopt);
   ASSERT_TRUE(t) << t.err().message();
   for (const std::uint64_t lag : {std::uint64_t{0}, std::uint64_t{16}}) {
@@ -332,8 +332,7 @@ TEST(ReplayCore, PyTorchLlamaGenHoldsNoMoreThanOnTheGpu) {
     ASSERT_TRUE(r) << r.err().message();
     EXPECT_EQ(r->failures, 0U);
     EXPECT_EQ(r->peak_live_bytes, 1666989074U);
-    EXPECT_LE(r->peak_reserved_bytes, 1830813696U) << "GPU " << lag << " events behind";
-    EXPECT_LE(r->peak_reserved_bytes, r->peak_live_bytes / 100 * 110) << "within the share far from the budget";
+    EXPECT_LE(r->peak_reserved_bytes, 1788870656U) << "GPU " << lag << " events behind";
     EXPECT_LT(r->maps, 100U) << "a model's weights are mapped in units, not slice by slice";
   }
 }

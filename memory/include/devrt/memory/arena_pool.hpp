@@ -25,8 +25,9 @@
 // keeps its last granule rather than mapping it apart. Those are the shares near the device's
 // budget (pool_context: its memory limit, else its capacity). Far from it (pool_context::roomy)
 // free mappings stay mapped within 1.10 times the peak of live bytes, and the arena maps ahead
-// within 1.10 times, at most 128 MiB at once, in units up to `grow` and a quarter of the headroom,
-// and not past a slice that maps four units or more itself (its own mappings are then in units).
+// within 1.10 times, at most 128 MiB at once and no more than the slice raises the peak of live
+// bytes by (but 64 MiB in any case), in units up to `grow` and a quarter of the headroom, and not
+// past a slice that maps four units or more itself (its own mappings are then in units).
 // Far from the budget, free mappings also stay while the memory mapped stays within the most the
 // arena has held so far (since the last explicit cleanup): memory the workload needed once is kept
 // for when it needs it again, and a map unmaps only where it would otherwise raise that peak.
@@ -327,6 +328,14 @@ class arena_pool {
   static constexpr std::uint64_t roomy_per_mille = 1100;
   static constexpr std::uint64_t roomy_ahead_per_mille = 1100;
   static constexpr std::uint64_t roomy_ahead_bytes = std::uint64_t{128} << 20;
+  // Far from the budget, a mapping ahead is also at most what the slice raises the peak of live
+  // bytes by, but never less than this. Measured on PyTorch's llama_gen under devrt (its last
+  // prefill's logits raise the peak by 70 MiB and had left 124 MiB mapped ahead for nothing):
+  // 1.064 times its peak of live bytes instead of 1.098, below expandable segments' 1.073. The
+  // recorded traces map 9-31% more often, and no peak rises by more than 0.3% (BENCHMARKS.md,
+  // "Mapping ahead no further than the peak rises"). At 32 MiB they map up to 64% more often; at
+  // 96 MiB llama_gen holds 1.081 times.
+  static constexpr std::uint64_t roomy_ahead_min_bytes = std::uint64_t{64} << 20;
   // Far from the budget, a slice that maps at least this many units of the arena's growth maps
   // nothing ahead (measured on PyTorch's gpt2_train under devrt: its last 3 GB buffer had left
   // 56 MiB mapped ahead, the peak 0.06% above expandable segments'; with this rule 0.17% below,
