@@ -319,7 +319,7 @@ TEST(MemoryLimit, AnExplicitCleanupForgetsTheMostTheArenaHeld) {
   EXPECT_EQ(m->check_invariants(), "");
 }
 
-// Near the limit, mappings are small next to it (at most 1/64 of the limit) and a mapping ahead is
+// Near the limit, mappings are small next to it (at most 1/128 of the limit) and a mapping ahead is
 // no larger than the slice that grows the arena: a device unmaps whole mappings only, and the free
 // part of one that a live slice pins stays mapped. 128 buffers of 4 MiB, every other one freed,
 // then 1 GiB, capped at 1.05 times the peak of live bytes (1.25 GiB): with mappings of 8 MiB or

@@ -35,7 +35,7 @@
 // peak of live bytes unmapped within 64 reserves: buffers of a few sizes in turn over more
 // addresses than the share keeps mapped), the share rises by 0.10 at a time, up to 2.00, and falls
 // back once such unmaps stop (note_churn).
-// Under a memory limit and near it, mappings are smaller: at most 1/64 of the limit (a power of two
+// Under a memory limit and near it, mappings are smaller: at most 1/128 of the limit (a power of two
 // of granules), and a mapping ahead of a growing slice no larger than that slice. A device unmaps
 // whole mappings only, so the free part of one that a live slice pins stays mapped, and a workload
 // capped just above its peak of live bytes has no room for such memory.
@@ -310,8 +310,10 @@ class arena_pool {
   // Measured on 36 traces (BENCHMARKS.md, "Smaller mappings near a memory limit") capped at 1.05
   // times their peak of live bytes: 1/64 completes every one but the growing caches (4-8 failed
   // reserves each, 14-21 before), in 25% more maps than mappings of up to a chunk; 1/32 leaves
-  // odd_sizes_limit failing and the caches at 10 each.
-  static constexpr std::uint64_t limit_share = 64;
+  // odd_sizes_limit failing and the caches at 10 each. 1/128 also completes PyTorch's llama_gen
+  // and nine synthetic traces that failed one reserve each at 1/64, in 15% more maps over 78
+  // traces (BENCHMARKS.md, "Mappings of 1/128 of a memory limit").
+  static constexpr std::uint64_t limit_share = 128;
   /// Granules this arena may have mapped under the device's memory limit (what the other pools
   /// hold subtracted); no_limit without one.
   [[nodiscard]] std::uint64_t limit_granules(const pool_context& ctx) const;
