@@ -311,7 +311,7 @@ class arena_pool {
   // times their peak of live bytes: 1/64 completes every one but the growing caches (4-8 failed
   // reserves each, 14-21 before), in 25% more maps than mappings of up to a chunk; 1/32 leaves
   // odd_sizes_limit failing and the caches at 10 each. 1/128 also completes PyTorch's llama_gen
-  // and nine synthetic traces that failed one reserve each at 1/64, in 15% more maps over 78
+  // and nine synthetic traces that failed one reserve each at 1/64, in 15% more maps over 72
   // traces (BENCHMARKS.md, "Mappings of 1/128 of a memory limit").
   static constexpr std::uint64_t limit_share = 128;
   /// Granules this arena may have mapped under the device's memory limit (what the other pools
