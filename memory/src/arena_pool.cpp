@@ -334,6 +334,18 @@ inline std::uint32_t arena_pool::best_fit(std::uint64_t extent, std::uint64_t ta
   const std::uint32_t any = untagged_.best_fit(slots_, extent);
   // A stream's own slice wins a tie: memory other streams may not take stays in use.
   if (any != npos && (best == npos || slots_[any].extent < slots_[best].extent)) best = any;
+  // The free end below the highest address used so far competes as a hole of that size for slices
+  // larger than a granule, as a free block at the end of the address range would in a plain best
+  // fit: a slice that fits there tighter than in the smallest hole leaves that hole whole for the
+  // next slice of its size, which would otherwise raise the high-water mark (a layer's
+  // long-lived output taking the front of the hole its short-lived input left, the next layer's
+  // input then mapped past the top). Slices of a granule or less keep to the holes, so that many
+  // small ones do not scatter over the free end where large slices grow.
+  if (extent > granule_ && tail_ != npos && slots_[tail_].free && slots_[tail_].tag == 0 &&
+      slots_[tail_].offset < high_water_) {
+    const std::uint64_t below = high_water_ - slots_[tail_].offset;
+    if (below >= extent && (best == npos || best == tail_ || below < slots_[best].extent)) best = tail_;
+  }
   return best;
 }
 
@@ -677,6 +689,7 @@ inline detail::descriptor* arena_pool::place(pool_context& ctx, std::uint32_t se
   usage_.bytes_in_use += size;
   peak_live_ = std::max(peak_live_, usage_.bytes_in_use);
   usage_.bytes_padding += live.extent - size;
+  high_water_ = std::max(high_water_, live.offset + live.extent);
   ctx.add_in_use(size);
   return live.desc;
 }
@@ -1003,6 +1016,7 @@ void arena_pool::cleanup(pool_context& ctx, bool explicit_cleanup) {
   trim(ctx, 0);
   // Memory given back on request is not taken as needed again.
   peak_mapped_ = mapped_;
+  if (tail_ != npos && slots_[tail_].free) high_water_ = std::min(high_water_, slots_[tail_].offset);
 }
 
 void arena_pool::release_all(pool_context& ctx) {
@@ -1025,6 +1039,7 @@ void arena_pool::release_all(pool_context& ctx) {
   }
   range_ = 0;
   tail_ = npos;
+  high_water_ = 0;
   peak_live_ = 0;
   peak_mapped_ = 0;
   base_known_ = false;

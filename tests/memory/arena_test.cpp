@@ -423,6 +423,43 @@ TEST(ArenaPool, FreeNeighboursMergeAndBestFitFindsThem) {
   env.check();
 }
 
+TEST(ArenaPool, TheFreeEndBelowTheHighWaterMarkIsAHoleForSlicesLargerThanAGranule) {
+  arena_env env("arena:space=512MiB");
+  auto input = env.reserve(96 * MiB);
+  auto keep = env.reserve(4 * MiB);
+  auto scratch = env.reserve(40 * MiB);
+  EXPECT_EQ(env.offset(input), 0u);
+  EXPECT_EQ(env.offset(keep), 96 * MiB);
+  EXPECT_EQ(env.offset(scratch), 100 * MiB);
+  scratch.reset();  // the free end starts at 100 MiB; 40 MiB of it lie below the highest address used
+  input.reset();    // a 96 MiB hole at 0
+  env.check();
+
+  // 24 MiB fits the 40 MiB below the high-water mark tighter than the 96 MiB hole: it goes there,
+  // and the next 96 MiB slice finds its hole whole instead of raising the high-water mark.
+  auto output = env.reserve(24 * MiB);
+  EXPECT_EQ(env.offset(output), 100 * MiB);
+  auto next_input = env.reserve(96 * MiB);
+  EXPECT_EQ(env.offset(next_input), 0u);
+  env.check();
+
+  // A slice of a granule or less keeps to the holes: the 96 MiB hole, not the 16 MiB still free
+  // below the high-water mark.
+  next_input.reset();
+  auto small = env.reserve(1 * MiB);
+  EXPECT_EQ(env.offset(small), 0u);
+  small.reset();
+  env.check();
+
+  // An explicit cleanup forgets the high-water mark above the live slices: memory given back on
+  // request is not a hole, and the best fit takes the hole at 0 again.
+  output.reset();
+  ASSERT_TRUE(env.m->cleanup(true));
+  auto after = env.reserve(24 * MiB);
+  EXPECT_EQ(env.offset(after), 0u);
+  env.check();
+}
+
 TEST(ArenaPool, ZeroAndOneByteSlicesHaveDistinctAddresses) {
   arena_env env("arena:space=256MiB");
   auto z0 = env.reserve(0);

@@ -10,6 +10,13 @@
 // slices that use it are gone, a big allocation costs one driver call per chunk, and a mapping a
 // later slice reuses in part keeps at most a chunk of free memory that cannot be unmapped.
 //
+// Placement: the smallest free slice that fits, at its front. The range's free end (from the last
+// live slice to the end of the range) is the largest free slice, taken when no hole fits, except
+// that for a slice larger than a granule its part below the highest address used so far (since
+// the last explicit cleanup) competes as a hole of that size: a long-lived slice that fits there
+// tighter leaves the hole of a short-lived one whole for the next of its size, as a plain best fit
+// does (PyTorch's bert_infer: 4.5% less held behind the GPU). Small slices keep to the holes.
+//
 // A free mapping stays mapped and joins a list, oldest first: a later slice placed there needs
 // no driver call. When a slice needs new memory, as many free mappings elsewhere are unmapped
 // first, oldest first, so the memory held does not grow while free memory sits in holes, and
@@ -403,6 +410,9 @@ class arena_pool {
   std::uint64_t share_per_mille_ = roomy_per_mille;
   std::uint64_t last_churn_ = 0;
   std::uint32_t tail_ = npos;  // the last slice of the range (its free end, unless full)
+  // Bytes: the end of the highest slice placed since the range was reserved or the last explicit
+  // cleanup (best_fit's free end below it).
+  std::uint64_t high_water_ = 0;
   std::uint16_t index_;
   storage_id range_ = 0;
   std::uintptr_t base_ = 0;  // the range's first address (0: the device gives none)
