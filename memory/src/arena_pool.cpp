@@ -326,6 +326,20 @@ result<void> arena_pool::map_granules(pool_context& ctx, std::uint64_t first, st
   return {};
 }
 
+inline std::uint64_t arena_pool::missing_under(std::uint64_t offset, std::uint64_t extent) const noexcept {
+  const std::uint64_t first = granule_of(offset);
+  const std::uint64_t last = granule_of(offset + extent - 1);
+  if (first >= granules_.size()) return last - first + 1;
+  if (last >= granules_.size()) return count_missing(first, granules_.size() - 1) + (last + 1 - granules_.size());
+  return count_missing(first, last);
+}
+
+bool arena_pool::costs_no_more(std::uint64_t at, std::uint64_t than, std::uint64_t extent) const noexcept {
+  const std::uint64_t here = missing_under(at, extent);
+  const std::uint64_t there = missing_under(than, extent);
+  return here < there || (here == there && placement_cost(at, extent) <= placement_cost(than, extent));
+}
+
 inline std::uint32_t arena_pool::best_fit(std::uint64_t extent, std::uint64_t tag) {
   std::uint32_t best = npos;
   if (tag != 0 && tagged_ > 0) {
@@ -337,14 +351,19 @@ inline std::uint32_t arena_pool::best_fit(std::uint64_t extent, std::uint64_t ta
   // The free end below the highest address used so far competes as a hole of that size for slices
   // larger than a granule, as a free block at the end of the address range would in a plain best
   // fit: a slice that fits there tighter than in the smallest hole leaves that hole whole for the
-  // next slice of its size, which would otherwise raise the high-water mark (a layer's
-  // long-lived output taking the front of the hole its short-lived input left, the next layer's
-  // input then mapped past the top). Slices of a granule or less keep to the holes, so that many
-  // small ones do not scatter over the free end where large slices grow.
+  // next slice of its size, which would otherwise raise the high-water mark (a layer's long-lived
+  // output taking the front of the hole its short-lived input left, the next layer's input then
+  // mapped past the top). Slices of a granule or less keep to the holes, so that many small ones do
+  // not scatter over the free end where large slices grow. The free end wins only where it maps no
+  // more granules than the hole would (and, with as many, no more free mappings): its part below
+  // the mark is often unmapped and the hole mapped, and a map it adds is a driver call, and near a
+  // memory limit memory that the hole had ready.
   if (extent > granule_ && tail_ != npos && slots_[tail_].free && slots_[tail_].tag == 0 &&
       slots_[tail_].offset < high_water_) {
     const std::uint64_t below = high_water_ - slots_[tail_].offset;
-    if (below >= extent && (best == npos || best == tail_ || below < slots_[best].extent)) best = tail_;
+    if (below >= extent && (best == npos || best == tail_ || below < slots_[best].extent) &&
+        (best == npos || best == tail_ || costs_no_more(slots_[tail_].offset, slots_[best].offset, extent)))
+      best = tail_;
   }
   return best;
 }

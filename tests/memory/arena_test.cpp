@@ -460,6 +460,26 @@ TEST(ArenaPool, TheFreeEndBelowTheHighWaterMarkIsAHoleForSlicesLargerThanAGranul
   env.check();
 }
 
+TEST(ArenaPool, TheFreeEndBelowTheHighWaterMarkWinsOnlyWhereItMapsNoMoreThanTheHole) {
+  // Mappings of one granule, no growth policy, and a slack of 96 MiB: free mappings beyond it are
+  // unmapped as soon as they are freed.
+  arena_env env("arena:space=512MiB,chunk=2MiB,grow=0,slack=96MiB");
+  auto input = env.reserve(96 * MiB);
+  auto keep = env.reserve(4 * MiB);
+  auto scratch = env.reserve(40 * MiB);
+  EXPECT_EQ(env.offset(scratch), 100 * MiB);
+  input.reset();    // a 96 MiB hole, mapped
+  scratch.reset();  // 40 MiB free below the high-water mark, beyond the slack: unmapped
+  ASSERT_EQ(env.reserved(), 100 * MiB) << "the 96 MiB hole and the live 4 MiB stay mapped";
+  env.check();
+  // 24 MiB fits the free end's 40 MiB tighter, but would map 12 granules there and none in the hole.
+  const std::uint64_t maps = env.stats().maps;
+  auto output = env.reserve(24 * MiB);
+  EXPECT_EQ(env.offset(output), 0u);
+  EXPECT_EQ(env.stats().maps, maps);
+  env.check();
+}
+
 TEST(ArenaPool, ZeroAndOneByteSlicesHaveDistinctAddresses) {
   arena_env env("arena:space=256MiB");
   auto z0 = env.reserve(0);

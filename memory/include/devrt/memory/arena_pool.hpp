@@ -15,7 +15,8 @@
 // that for a slice larger than a granule its part below the highest address used so far (since
 // the last explicit cleanup) competes as a hole of that size: a long-lived slice that fits there
 // tighter leaves the hole of a short-lived one whole for the next of its size, as a plain best fit
-// does (PyTorch's bert_infer: 4.5% less held behind the GPU). Small slices keep to the holes.
+// does (PyTorch's bert_infer: 4.5% less held behind the GPU). Small slices keep to the holes, and
+// the free end wins only where it maps no more granules than the hole would.
 //
 // A free mapping stays mapped and joins a list, oldest first: a later slice placed there needs
 // no driver call. When a slice needs new memory, as many free mappings elsewhere are unmapped
@@ -245,6 +246,12 @@ class arena_pool {
   /// The best fitting free slice for a reserve on `tag` (its own tagged slices or untagged ones),
   /// or npos.
   std::uint32_t best_fit(std::uint64_t extent, std::uint64_t tag);
+  /// Whether a slice of `extent` bytes at `at` maps fewer granules than at `than`, or as many with
+  /// a placement_cost no higher (no more free mappings under it).
+  [[nodiscard]] bool costs_no_more(std::uint64_t at, std::uint64_t than, std::uint64_t extent) const noexcept;
+  /// The granules without memory (ghosts included) under a slice of `extent` bytes at `offset`,
+  /// the granules past those the arena tracks included.
+  [[nodiscard]] std::uint64_t missing_under(std::uint64_t offset, std::uint64_t extent) const noexcept;
   /// Takes `extent` bytes of the free slice `slot` (tagged or not) for a new live slice; returns
   /// its descriptor.
   detail::descriptor* take(pool_context& ctx, std::uint32_t slot, std::uint64_t extent, std::uint64_t size);
