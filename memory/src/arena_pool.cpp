@@ -1198,6 +1198,10 @@ std::string arena_pool::check_invariants() const {
         return fmt::format("arena {}: descriptor of slice {} is detached or points elsewhere", index_, k);
       }
       if (s.size > s.extent) return fmt::format("arena {}: slice {} size exceeds its extent", index_, k);
+      if (s.offset + s.extent > high_water_) {
+        return fmt::format("arena {}: live slice {} ends at {}, above the high-water mark {}", index_, k,
+                           s.offset + s.extent, high_water_);
+      }
       sum.number_allocs += 1;
       sum.bytes_in_use += s.size;
       sum.bytes_padding += s.extent - s.size;

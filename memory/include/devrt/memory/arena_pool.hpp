@@ -418,7 +418,7 @@ class arena_pool {
   std::uint64_t last_churn_ = 0;
   std::uint32_t tail_ = npos;  // the last slice of the range (its free end, unless full)
   // Bytes: the end of the highest slice placed since the range was reserved or the last explicit
-  // cleanup (best_fit's free end below it).
+  // cleanup (best_fit's free end below it). Invariant: no live slice ends above it.
   std::uint64_t high_water_ = 0;
   std::uint16_t index_;
   storage_id range_ = 0;
