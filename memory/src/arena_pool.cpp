@@ -361,8 +361,9 @@ inline std::uint32_t arena_pool::best_fit(std::uint64_t extent, std::uint64_t ta
   if (extent > granule_ && tail_ != npos && slots_[tail_].free && slots_[tail_].tag == 0 &&
       slots_[tail_].offset < high_water_) {
     const std::uint64_t below = high_water_ - slots_[tail_].offset;
-    if (below >= extent && (best == npos || best == tail_ || below < slots_[best].extent) &&
-        (best == npos || best == tail_ || costs_no_more(slots_[tail_].offset, slots_[best].offset, extent)))
+    if (below >= extent &&
+        (best == npos || best == tail_ ||
+         (below < slots_[best].extent && costs_no_more(slots_[tail_].offset, slots_[best].offset, extent))))
       best = tail_;
   }
   return best;
