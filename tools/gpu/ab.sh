@@ -14,7 +14,9 @@
 # "--memory-limit 1.05x") is passed to every replay. TORCH_WORKLOADS (say "bert_infer llama_gen"):
 # tools/torch_bench/workload.py under PyTorch's default, expandable segments and devrt with each
 # build's libdevrt_c.so (.gpu/base/libdevrt_c.so against .gpu/lib's), TORCH_RUNS times (default 3)
-# in rotated order: median wall seconds and peak reserved.
+# in rotated order: median wall seconds and peak reserved. TORCH_VARIANTS picks among default,
+# expandable, base and bin (default: all four). The runs' JSON files and logs stay in $WORK (default
+# /tmp/devrt-ab); only the summary (torch_summary.txt) goes to $OUT, which the device tool returns.
 set -u
 cd "$(dirname "$0")/../.."
 . tools/gpu/replay_one.sh
@@ -24,7 +26,16 @@ OUT=${OUT:-$G/out}
 mkdir -p "$OUT"
 export LD_LIBRARY_PATH="$G/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 export CUDA_MODULE_LOADING=${CUDA_MODULE_LOADING:-EAGER}
-[ -x "$G/base/devrt-replay" ] || { echo "ab: no $G/base/devrt-replay (the build to compare against)" >&2; exit 2; }
+WORK=${WORK:-/tmp/devrt-ab}
+mkdir -p "$WORK"
+read -r -a vs <<<"${TORCH_VARIANTS:-default expandable base bin}"
+needs_base=0
+[ "${MJ:-1}" = 1 ] || [ -n "${TRACES:-}" ] && needs_base=1
+for v in "${vs[@]}"; do [ "$v" = base ] && [ -n "${TORCH_WORKLOADS:-}" ] && needs_base=1; done
+if [ $needs_base = 1 ] && [ ! -x "$G/base/devrt-replay" ]; then
+  echo "ab: no $G/base/devrt-replay (the build to compare against)" >&2
+  exit 2
+fi
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader 2>/dev/null || true
 if [ "${MJ:-1}" = 1 ]; then
   for r in 1 2 3 4 5; do
@@ -41,23 +52,26 @@ if [ "${MJ:-1}" = 1 ]; then
   done
 fi
 if [ -n "${TORCH_WORKLOADS:-}" ]; then
-  vs=(default expandable base bin)
+  nv=${#vs[@]}
+  rm -f "$WORK"/ab_*.json
   for w in $TORCH_WORKLOADS; do
     for r in $(seq "${TORCH_RUNS:-3}"); do
-      for i in 0 1 2 3; do
-        v=${vs[$(((i + r - 1) % 4))]}
+      for ((i = 0; i < nv; ++i)); do
+        v=${vs[$(((i + r - 1) % nv))]}
         case $v in
           default | expandable) a=$v lib=$G/lib/libdevrt_c.so ;;
           base) a=devrt lib=$G/base/libdevrt_c.so ;;
           bin) a=devrt lib=$G/lib/libdevrt_c.so ;;
         esac
         PYTHONPATH=python timeout 150 python3 tools/torch_bench/workload.py --workload "$w" --allocator "$a" \
-          --lib "$lib" --out "$OUT/ab_${w}_${v}_$r.json" >"$OUT/ab_${w}_${v}_$r.log" 2>&1 ||
-          echo "ab: $w under $v, run $r failed: $(tail -1 "$OUT/ab_${w}_${v}_$r.log")"
+          --lib "$lib" --out "$WORK/ab_${w}_${v}_$r.json" >"$WORK/ab_${w}_${v}_$r.log" 2>&1 ||
+          echo "ab: $w under $v, run $r failed: $(tail -1 "$WORK/ab_${w}_${v}_$r.log")"
+        [ -f "$WORK/ab_${w}_${v}_$r.json" ] && python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); print(sys.argv[2], d.get("ok"), d.get("wall_s"), d.get("peak_reserved_bytes"))' \
+          "$WORK/ab_${w}_${v}_$r.json" "$w $v $r:" | tee -a "$OUT/torch_runs.txt"
       done
     done
   done
-  python3 - "$OUT" <<'PY'
+  python3 - "$WORK" <<'PY' | tee "$OUT/torch_summary.txt"
 import glob, json, re, statistics, sys
 rows = {}
 for p in glob.glob(sys.argv[1] + "/ab_*.json"):
@@ -68,8 +82,9 @@ for p in glob.glob(sys.argv[1] + "/ab_*.json"):
 for (w, v) in sorted(rows):
     ds = rows[(w, v)]
     walls = " ".join(f"{d['wall_s']:.3f}" for d in ds)
+    peaks = sorted(d['peak_reserved_bytes'] for d in ds)
     print(f"{w:12s} {v:10s} runs {len(ds)}: wall s median {statistics.median(d['wall_s'] for d in ds):.3f} ({walls}), "
-          f"peak reserved GB median {statistics.median(d['peak_reserved_bytes'] for d in ds) / 1e9:.3f}")
+          f"peak reserved bytes median {statistics.median(peaks):,.0f} (range {peaks[0]:,}-{peaks[-1]:,})")
 PY
 fi
 [ -n "${TRACES:-}" ] || exit 0
