@@ -595,6 +595,16 @@ void cuda_storage::unmap(memory::storage_id id, std::uint64_t offset, std::uint6
   if (vmm_) vmm_->unmap(id, offset, size);
 }
 
+void cuda_storage::unmap_idle(memory::storage_id id, std::uint64_t offset, std::uint64_t size) {
+  if (!vmm_) return;
+  if (capturing_ || !bind_device()) {
+    vmm_->unmap(id, offset, size);
+    return;
+  }
+  const timed_call timer(profile_, driver_profile::flush_total);
+  vmm_->unmap_idle(id, offset, size);
+}
+
 void cuda_storage::release_range(memory::storage_id id) {
   if (vmm_) vmm_->release_range(id);
 }

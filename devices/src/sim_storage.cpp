@@ -261,6 +261,10 @@ void sim_storage::unmap(memory::storage_id id, std::uint64_t offset, std::uint64
   vmm_->unmap(id, offset, size);
 }
 
+void sim_storage::unmap_idle(memory::storage_id id, std::uint64_t offset, std::uint64_t size) {
+  vmm_->unmap_idle(id, offset, size);
+}
+
 void sim_storage::release_range(memory::storage_id id) { vmm_->release_range(id); }
 
 // ---- Simulated streams ----

@@ -185,6 +185,20 @@ void vmm::unmap(memory::storage_id id, std::uint64_t offset, std::uint64_t size)
   requested_.emplace_back(id, it->first);
 }
 
+void vmm::unmap_idle(memory::storage_id id, std::uint64_t offset, std::uint64_t size) {
+  range* r = find(id);
+  if (!driver_.deferred() || driver_.capturing() || r == nullptr || size == 0 || offset % r->unit != 0) {
+    unmap(id, offset, size);  // the same checks and counts
+    return;
+  }
+  auto it = r->mappings.find(offset / r->unit);
+  if (it == r->mappings.end() || it->second.st != state::mapped || it->second.count * r->unit != size) {
+    ++misuses_;
+    return;
+  }
+  unmap_now(id, *r, it->first, true);
+}
+
 void vmm::unmap_now(memory::storage_id id, range& r, std::uint64_t first, bool keep) {
   (void)id;
   auto it = r.mappings.find(first);

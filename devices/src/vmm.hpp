@@ -13,10 +13,12 @@
 //     same bounds   │  └────────────────────────────┘        ▼
 //                   └────────────────────────────────── unmap_recorded
 //                                                           │ its batch's event passed
-//   record with nothing left to run (idle): ────────────────┤ (flush, settle, map)
+//   record with nothing left to run (idle), or ─────────────┤ (flush, settle, map)
+//   unmap_idle() from mapped (no queued work reaches it) ───┤
 //                                                           ▼
 //                                      unmapped: the physical memory is released, or kept for
-//                                      the next map of its size (an unmap done by settle)
+//                                      the next map of its size (an unmap done by settle or
+//                                      unmap_idle)
 //
 // Invariants: a mapping in unmap_recorded names the batch (`batch`) that will unmap it, and only
 // that batch may; a mapping mapped again before its unmap happened is `mapped` and in no batch
@@ -91,6 +93,10 @@ class vmm {
   /// Takes back what one map mapped (behind the device's work when it is deferred). Anything else
   /// is a misuse, counted and ignored.
   void unmap(memory::storage_id id, std::uint64_t offset, std::uint64_t size);
+  /// The same for memory that no queued work can reach (the caller knows every stream that used it
+  /// has passed): unmapped now, not behind the device's work, its physical memory kept for the
+  /// next map of its size as after a settle. While a capture records, as `unmap`.
+  void unmap_idle(memory::storage_id id, std::uint64_t offset, std::uint64_t size);
   /// Unmaps what is left of the range and frees its addresses once none of its unmaps is in flight.
   void release_range(memory::storage_id id);
   /// Records the requested unmaps (done at once when nothing is left to run), unmaps what passed

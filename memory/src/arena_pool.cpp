@@ -123,10 +123,13 @@ inline void arena_pool::unlink_free(std::uint32_t m) {
 
 void arena_pool::unmap_mapping(pool_context& ctx, std::uint32_t m) {
   mapping_state& s = mappings_[m];
-  ctx.unmap_memory(range_, s.first * granule_, s.count * granule_);
+  // A free mapping whose memory every stream has passed goes back at once: behind busy streams it
+  // would otherwise count as memory on its way back beside the mapping that replaces it.
+  const bool idle = ctx.order != nullptr && ctx.order->frees_fenced();
+  ctx.unmap_memory(range_, s.first * granule_, s.count * granule_, idle);
   mapped_ -= s.count;
   usage_.bytes_reserved -= s.count * granule_;
-  if (keep_ghosts_) {
+  if (keep_ghosts_ && !idle) {
     s.ghost = true;
     s.used = 0;
     ++ghosts_;

@@ -197,6 +197,39 @@ TEST(CudaStreams, AnEmptyCacheWithASideStreamStillRunningHandsOutNothingEarly) {
   EXPECT_EQ(gpu.statistics().get().stream_waits, 0u);
 }
 
+// Memory every stream has passed goes back at once, even while another stream still runs: every
+// free is fenced on its stream, so no queued work can reach memory that came back for all streams.
+// An empty_cache then returns it without an event behind the busy stream, and the device holds it
+// no longer.
+TEST(CudaStreams, AnEmptyCacheReturnsMemoryEveryStreamPassedWhileAnotherStreamRuns) {
+  DEVRT_REQUIRE_GPU();
+  devrt::runtime::runtime rt(gpu_options("arena:grow=0"));  // no mapping ahead: X has mappings of its own
+  auto gpu = rt.cuda(0);
+  user_stream a;
+  user_stream b;
+  memory_handle x = gpu.reserve(big, stream::native(a.s)).get();
+  memory_handle anchor = gpu.reserve(4096, stream::native(b.s)).get();
+  test_kernels::fill_pattern(x.ptr(), big, 1, a.s);
+  x.reset();
+  ASSERT_EQ(cudaStreamSynchronize(a.s), cudaSuccess);  // A's work, and the fence of X's free, have passed
+  test_kernels::spin_then_fill(anchor.ptr(), 4096, 3, 300'000, b.s);  // B runs for 300 ms
+  const memory::memory_statistics before = gpu.statistics().get();
+  gpu.cleanup().get();  // torch.cuda.empty_cache(), devrt_empty_cache
+  const bool still_busy = cudaStreamQuery(b.s) == cudaErrorNotReady;
+  const memory::memory_statistics after = gpu.statistics().get();
+  ASSERT_GT(after.unmaps, before.unmaps) << "the cleanup must unmap X's memory";
+  EXPECT_LE(after.bytes_reserved + big, before.bytes_reserved);
+  if (still_busy) {
+    EXPECT_EQ(after.bytes_returning, 0u) << "memory no queued work can reach waited behind B's kernel";
+  } else {
+    std::printf("[ note ] B finished before the cleanup returned: the check of memory on its way back is moot\n");
+  }
+  ASSERT_EQ(cudaStreamSynchronize(b.s), cudaSuccess);
+  EXPECT_EQ(gpu.statistics().get().stream_waits, 0u);
+  gpu.retire_stream(stream::native(a.s)).get();
+  gpu.retire_stream(stream::native(b.s)).get();
+}
+
 // Finding B3: a stream destroyed with work queued, and a new stream that gets the same handle from
 // the driver. The new stream got the old one's memory at once, and the old kernel's late write
 // overwrote every word. Now the handle names a new stream, which waits for nothing and gets other

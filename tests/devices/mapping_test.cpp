@@ -476,6 +476,43 @@ TEST(SimMapping, MisusesCountsBadUnmapsAndReleases) {
   EXPECT_EQ(s->misuses(), 7u);
 }
 
+// unmap_idle: memory the caller knows no queued work reaches goes back at once, even behind a busy
+// stream, its physical memory kept for the next map of its size (as after a settle); bad bounds are
+// misuses, as for unmap.
+TEST(SimMapping, AnIdleUnmapIsDoneAtOnceBehindABusyStream) {
+  sim_options o;
+  o.props = device_properties{GiB, 512, 0, kGranule};
+  o.streams = true;
+  o.deferred_unmaps = true;
+  sim_storage s(o);
+  auto range = s.reserve_range(16 * MiB, kGranule);
+  ASSERT_TRUE(range);
+  ASSERT_TRUE(s.map(range->id, 0, 2 * kGranule));
+  ASSERT_TRUE(s.map(range->id, 4 * MiB, kGranule));
+  (void)s.record_event(devrt::memory::streams::device).value();  // work still queued
+
+  s.unmap(range->id, 4 * MiB, kGranule);
+  EXPECT_EQ(s.returning_bytes(), kGranule) << "a plain unmap waits behind the queue";
+  s.unmap_idle(range->id, 0, 2 * kGranule);
+  EXPECT_EQ(s.kept_allocations(), 1u);
+  EXPECT_EQ(s.kept_bytes(), 2 * kGranule);
+  EXPECT_EQ(s.mapped_bytes(), kGranule) << "the idle unmap was not done at once";
+
+  ASSERT_TRUE(s.map(range->id, 8 * MiB, 2 * kGranule));  // takes the kept memory
+  EXPECT_EQ(s.reused_allocations(), 1u);
+  EXPECT_EQ(s.kept_allocations(), 0u);
+
+  s.unmap_idle(range->id, 2 * MiB, kGranule);  // inside a mapping, not one
+  s.unmap_idle(range->id + 1000, 0, kGranule);  // no such range
+  EXPECT_EQ(s.misuses(), 2u);
+  EXPECT_EQ(s.mapped_bytes(), 3 * kGranule) << "bad calls change nothing";
+  s.progress();
+  ASSERT_TRUE(s.flush());
+  EXPECT_EQ(s.returning_bytes(), 0u);
+  EXPECT_EQ(s.mapped_bytes(), 2 * kGranule);
+  EXPECT_EQ(s.waits(), 0u);
+}
+
 TEST(SimMapping, AFailedMapOnAMappedGranuleLeavesNothingBehind) {
   auto s = sim_traits::make();
   auto range = s->reserve_range(16 * MiB, kGranule);

@@ -425,3 +425,65 @@ TEST(DeferredUnmaps, AReclaimUnderTheLimitWaitsForMemoryOnItsWayBack) {
   EXPECT_LE(m.statistics().bytes_reserved, 48 * mib);
   EXPECT_EQ(m.check_invariants(), "");
 }
+
+// With streams of its own, devrt knows which free memory no queued work can reach: every free is
+// fenced on its stream, and memory comes back for every stream only once that fence has passed.
+// Such a free mapping goes back at once, even behind another stream's busy queue, and the peak
+// never counts it beside the mapping that replaces it.
+TEST(DeferredUnmaps, MemoryEveryStreamHasPassedGoesBackAtOnceBehindBusyQueues) {
+  device d(true);
+  devices::sim_storage* sim = d.sim;
+  memory_manager& m = *d.m;
+  const stream_id x = sim->create_stream();
+  const stream_id y = sim->create_stream();
+
+  auto a = m.reserve(32 * mib, x).value();
+  auto b = m.reserve(32 * mib, x).value();
+  ASSERT_TRUE(m.end_batch());
+  (void)sim->record_event(y).value();  // another stream's work, still queued
+  a.reset();                           // A's free is fenced on X
+  ASSERT_TRUE(m.end_batch());
+  sim->progress_stream(x);  // X has passed A's fence; Y is still busy
+  const std::uint64_t unmaps = m.statistics().unmaps;
+
+  // C fits not A's hole: it is mapped after B, and A's mapping goes back to make room.
+  auto c = m.reserve(48 * mib, x).value();
+  const memory_statistics& s = m.statistics();
+  ASSERT_GT(s.unmaps, unmaps) << "the scenario must unmap A's mapping to map C's";
+  EXPECT_EQ(s.bytes_returning, 0u) << "memory no queued work can reach waited behind Y's queue";
+  EXPECT_EQ(s.peak_bytes_reserved, s.bytes_reserved) << "A's memory was counted beside C's";
+  EXPECT_EQ(sim->allocated_bytes(), s.bytes_reserved);
+  EXPECT_EQ(sim->waits(), 0u) << "nothing waited for the device";
+  EXPECT_EQ(m.check_invariants(), "");
+}
+
+// Memory freed at once while the device's own stream was the only one (no fence) may still be used
+// by that stream's queued work after a second stream comes, until the fence recorded then has
+// passed: its unmap waits behind the queue as before.
+TEST(DeferredUnmaps, MemoryFreedBeforeASecondStreamCameWaitsForTheTransitionFence) {
+  device d(true);
+  devices::sim_storage* sim = d.sim;
+  memory_manager& m = *d.m;
+
+  auto a = m.reserve(32 * mib, stream_a).value();
+  auto b = m.reserve(32 * mib, stream_a).value();
+  ASSERT_TRUE(m.end_batch());
+  (void)sim->record_event(stream_a).value();  // work still queued on the stream, which may use A
+  a.reset();                                  // one stream so far: free at once, no fence
+  ASSERT_TRUE(m.end_batch());
+  const std::uint64_t unmaps = m.statistics().unmaps;
+  // A second stream: frees carry their stream from now on (A's does not). Its 40 MiB fit not A's
+  // hole: mapped after B, and A's mapping goes back to make room.
+  const stream_id x = sim->create_stream();
+  auto c = m.reserve(40 * mib, x).value();
+  ASSERT_GT(m.statistics().unmaps, unmaps) << "the scenario must unmap A's mapping to map C's";
+  const std::uint64_t held = sim->allocated_bytes();
+  EXPECT_EQ(m.statistics().bytes_returning, 32 * mib) << "A's memory went back while the queue could still use it";
+  ASSERT_TRUE(m.end_batch());
+  EXPECT_EQ(sim->allocated_bytes(), held);
+  sim->progress();  // the queued work, and the fence behind it, have passed
+  ASSERT_TRUE(m.end_batch());
+  EXPECT_EQ(m.statistics().bytes_returning, 0u);
+  EXPECT_EQ(sim->allocated_bytes(), held - 32 * mib);
+  EXPECT_EQ(m.check_invariants(), "");
+}

@@ -52,8 +52,8 @@ int cuda_device_count() noexcept;
 
 /// Where a CUDA storage's time with the driver went: calls and nanoseconds per kind, for the
 /// replay tool and benchmarks. `map_total` and `flush_total` are whole `map` and `flush` calls
-/// (the driver calls they make included), so what they hold beyond the driver calls is the
-/// storage's own work.
+/// (the driver calls they make included; an unmap of idle memory, done at once, counts as a
+/// flush), so what they hold beyond the driver calls is the storage's own work.
 struct driver_profile {
   enum kind : std::uint8_t {
     address_reserve,  // cuMemAddressReserve
@@ -64,7 +64,7 @@ struct driver_profile {
     release,          // cuMemRelease
     stream_query,     // cudaStreamQuery of the device's stream before unmapping
     map_total,        // cuda_storage::map, whole
-    flush_total,      // cuda_storage::flush and settle, whole
+    flush_total,      // cuda_storage::flush, settle and unmap_idle, whole
     kinds
   };
   std::array<std::uint64_t, kinds> calls{};
@@ -182,6 +182,10 @@ class cuda_storage {
   /// capture_active, device_error.
   result<void> map(memory::storage_id range, std::uint64_t offset, std::uint64_t size);
   void unmap(memory::storage_id range, std::uint64_t offset, std::uint64_t size);
+  /// Memory no queued work reaches (every stream that used it passed): cuMemUnmap now, not behind
+  /// the stream's work; the physical memory is kept for the next map of its size until the next
+  /// flush. While a capture records, or where the device cannot be made current, as `unmap`.
+  void unmap_idle(memory::storage_id range, std::uint64_t offset, std::uint64_t size);
   /// Unmaps what is left behind the work in flight, and frees the addresses once its unmaps are done.
   void release_range(memory::storage_id range);
   /// Bytes of physical memory mapped into ranges, unmaps not yet completed included.

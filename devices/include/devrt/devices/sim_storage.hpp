@@ -102,6 +102,9 @@ class sim_storage {
   /// Takes effect at once (at a flush with `deferred_unmaps`). Only what one map call mapped, whole;
   /// anything else is a misuse, counted (see misuses()) and ignored.
   void unmap(memory::storage_id range, std::uint64_t offset, std::uint64_t size);
+  /// Memory no queued work reaches: unmapped at once even with `deferred_unmaps`, its physical
+  /// memory kept for the next map of its size until the next flush.
+  void unmap_idle(memory::storage_id range, std::uint64_t offset, std::uint64_t size);
   void release_range(memory::storage_id range);
   /// With `deferred_unmaps`: the unmaps requested so far are recorded (done at once when nothing is
   /// left to run), their memory kept for the maps that follow until the next flush.

@@ -235,7 +235,8 @@ class arena_pool {
     bool in_use_slot = false;
     // Unmapped, but its granules still name it: on a device whose unmaps complete later (behind
     // the streams' work), memory is mapped there again only with exactly these bounds, which the
-    // device can revive without waiting for the pending unmap.
+    // device can revive without waiting for the pending unmap. Never set for a mapping unmapped
+    // at once because every stream had passed its memory (stream_order::frees_fenced).
     bool ghost = false;
     // Unmapped by `sleep` while slices use it (`used` > 0): not mapped, not listed, never a ghost;
     // mapped again with these bounds by `wake`, forgotten when its last slice goes.

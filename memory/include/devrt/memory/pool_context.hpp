@@ -160,9 +160,14 @@ struct pool_context {
     return r;
   }
   /// Unmaps memory from an address range (returned after the device's queued work) and counts it.
-  void unmap_memory(storage_id range, std::uint64_t offset, std::uint64_t size) {
+  /// `idle`: no queued work can reach the memory (storage::unmap_idle): given back at once.
+  void unmap_memory(storage_id range, std::uint64_t offset, std::uint64_t size, bool idle = false) {
     if (tracing()) trace_segment(trace_action::segment_free, range, offset, size);
-    store.unmap(range, offset, size);
+    if (idle) {
+      store.unmap_idle(range, offset, size);
+    } else {
+      store.unmap(range, offset, size);
+    }
     returns_queued = true;
     ++stats.unmaps;
     stats.bytes_reserved -= size;

@@ -186,6 +186,15 @@ concept mapping_backend = requires(S& s, std::uint64_t n, storage_id id) {
   { s.release_range(id) } -> std::same_as<void>;
 };
 
+/// Optional, with mapping: `unmap_idle(range, offset, size)` gives back memory that the caller
+/// knows no queued work can reach (every stream that used it has passed a fence since) at once,
+/// not behind the device's queued work: it never counts as memory on its way back beside a new
+/// mapping. Backends without it: `unmap`.
+template <class S>
+concept idle_unmap_backend = mapping_backend<S> && requires(S& s, std::uint64_t n, storage_id id) {
+  { s.unmap_idle(id, n, n) } -> std::same_as<void>;
+};
+
 /// Type-erased storage used by the memory manager. Owns the backend.
 class storage {
  public:
@@ -294,6 +303,9 @@ class storage {
     return impl_->map(range, offset, size);
   }
   void unmap(storage_id range, std::uint64_t offset, std::uint64_t size) { impl_->unmap(range, offset, size); }
+  void unmap_idle(storage_id range, std::uint64_t offset, std::uint64_t size) {
+    impl_->unmap_idle(range, offset, size);
+  }
   void release_range(storage_id range) { impl_->release_range(range); }
 
   /// The backend, for callers that know its type (tests, device-specific code).
@@ -346,6 +358,7 @@ class storage {
     virtual result<storage_handle> reserve_range(std::uint64_t size, std::uint64_t unit) = 0;
     virtual result<void> map(storage_id range, std::uint64_t offset, std::uint64_t size) = 0;
     virtual void unmap(storage_id range, std::uint64_t offset, std::uint64_t size) = 0;
+    virtual void unmap_idle(storage_id range, std::uint64_t offset, std::uint64_t size) = 0;
     virtual void release_range(storage_id range) = 0;
   };
   template <class S>
@@ -521,6 +534,13 @@ class storage {
     }
     void unmap(storage_id range, std::uint64_t offset, std::uint64_t size) override {
       if constexpr (mapping_backend<S>) backend->unmap(range, offset, size);
+    }
+    void unmap_idle(storage_id range, std::uint64_t offset, std::uint64_t size) override {
+      if constexpr (idle_unmap_backend<S>) {
+        backend->unmap_idle(range, offset, size);
+      } else if constexpr (mapping_backend<S>) {
+        backend->unmap(range, offset, size);
+      }
     }
     void release_range(storage_id range) override {
       if constexpr (mapping_backend<S>) backend->release_range(range);

@@ -139,6 +139,11 @@ class stream_order {
   /// Whether frees carry their stream (more than one stream, or a native or per-thread one, has
   /// used the device's memory). False until then: frees are immediate.
   [[nodiscard]] bool tagged() const noexcept { return tagged_; }
+  /// Whether the memory the pools hold free for every stream is out of reach of all queued work:
+  /// frees carry their stream, so such memory is either freed on a stream whose fence has passed
+  /// since or held until every fence passed, and the first stream's transition fence (covering
+  /// what was freed at once before) has passed too. Its unmaps need not wait behind the device.
+  [[nodiscard]] bool frees_fenced() const noexcept { return tagged_ && transition_ == 0; }
   /// The epoch a free made now belongs to.
   [[nodiscard]] std::uint64_t epoch() const noexcept { return epoch_; }
 
