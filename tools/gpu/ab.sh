@@ -5,8 +5,9 @@
 #
 #   MJ=1 ROUNDS=3 TRACES="bert_serve syn_kvgrow0 ..." bash tools/gpu/ab.sh
 #
-# MJ=1 (default): the main job on cuda, at its defaults and with --hidden 4096 --threads 16, five
-# rounds, the two builds first in turn: efficiency, requests/s, maps and unmaps of each run.
+# MJ=1 (default): the main job on cuda (MJ_DEVICE=sim-gpu: the simulated GPU, which runs here too),
+# at its defaults and with --hidden 4096 --threads 16, MJ_ROUNDS rounds (default 5), the two builds
+# first in turn: efficiency, requests/s, maps and unmaps of each run, then the medians.
 # Then each trace of .gpu/traces named in TRACES, ROUNDS times (default 3) in rotated order, under
 # both builds, cudaMallocAsync and PyTorch's allocator (default and expandable segments; its
 # baseline program is built first, tools/replay/build_torch_baseline.sh): best and median
@@ -38,18 +39,31 @@ if [ $needs_base = 1 ] && [ ! -x "$G/base/devrt-replay" ]; then
 fi
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader 2>/dev/null || true
 if [ "${MJ:-1}" = 1 ]; then
-  for r in 1 2 3 4 5; do
+  : >"$WORK/mj.txt"
+  for r in $(seq "${MJ_ROUNDS:-5}"); do
     for cfg in "" "--hidden 4096 --threads 16"; do
       if ((r % 2)); then order="base bin"; else order="bin base"; fi
       for b in $order; do
-        o=$(timeout 60 "$G/$b/devrt_inference_server" --device cuda --no-progress $cfg 2>&1)
+        o=$(timeout 60 "$G/$b/devrt_inference_server" --device "${MJ_DEVICE:-cuda}" --no-progress $cfg 2>&1)
         e=$(echo "$o" | grep efficiency | sed -E 's/.*= ([0-9.]+)%.*/\1/')
         tp=$(echo "$o" | grep "^throughput" | sed -E 's/.*s: ([0-9.]+) requests.*/\1/')
         mu=$(echo "$o" | grep "^statistics" | grep -oE "[0-9]+ maps, [0-9]+ unmaps")
-        echo "main job [${cfg:-defaults}] $b round $r: efficiency $e%, $tp requests/s, $mu"
+        echo "main job [${cfg:-defaults}] $b round $r: efficiency $e%, $tp requests/s, $mu" | tee -a "$WORK/mj.txt"
       done
     done
   done
+  python3 - "$WORK/mj.txt" <<'PY' | tee "$OUT/main_job_summary.txt"
+import re, statistics, sys
+rows = {}
+for line in open(sys.argv[1]):
+    m = re.match(r"main job \[(.*)\] (\w+) round \d+: efficiency ([0-9.]+)%, ([0-9.]+) requests/s, (\d+) maps", line)
+    if m:
+        rows.setdefault((m[1], m[2]), []).append((float(m[3]), float(m[4]), int(m[5])))
+for (cfg, b), v in sorted(rows.items()):
+    e = [x[0] for x in v]
+    print(f"main job [{cfg}] {b}: {len(v)} runs, efficiency median {statistics.median(e):.1f}% ({min(e):.1f}-{max(e):.1f}), "
+          f"requests/s median {statistics.median(x[1] for x in v):.0f}, maps median {statistics.median(x[2] for x in v):.0f}")
+PY
 fi
 if [ -n "${TORCH_WORKLOADS:-}" ]; then
   nv=${#vs[@]}
