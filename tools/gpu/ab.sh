@@ -17,7 +17,8 @@
 # build's libdevrt_c.so (.gpu/base/libdevrt_c.so against .gpu/lib's), TORCH_RUNS times (default 3)
 # in rotated order: median wall seconds and peak reserved. TORCH_VARIANTS picks among default,
 # expandable, base and bin (default: all four). The runs' JSON files and logs stay in $WORK (default
-# /tmp/devrt-ab); only the summary (torch_summary.txt) goes to $OUT, which the device tool returns.
+# /tmp/devrt-ab); only a line per run as it ends (torch_runs.txt: a call cut by a timeout still
+# reports) and the summary (torch_summary.txt) go to $OUT, which the device tool returns.
 set -u
 cd "$(dirname "$0")/../.."
 . tools/gpu/replay_one.sh
@@ -68,6 +69,7 @@ fi
 if [ -n "${TORCH_WORKLOADS:-}" ]; then
   nv=${#vs[@]}
   rm -f "$WORK"/ab_*.json
+  : >"$OUT/torch_runs.txt"
   for w in $TORCH_WORKLOADS; do
     for r in $(seq "${TORCH_RUNS:-3}"); do
       for ((i = 0; i < nv; ++i)); do
