@@ -502,7 +502,7 @@ TEST(SimMapping, AnIdleUnmapIsDoneAtOnceBehindABusyStream) {
   EXPECT_EQ(s.reused_allocations(), 1u);
   EXPECT_EQ(s.kept_allocations(), 0u);
 
-  s.unmap_idle(range->id, 2 * MiB, kGranule);  // inside a mapping, not one
+  s.unmap_idle(range->id, 2 * MiB, kGranule);   // inside a mapping, not one
   s.unmap_idle(range->id + 1000, 0, kGranule);  // no such range
   EXPECT_EQ(s.misuses(), 2u);
   EXPECT_EQ(s.mapped_bytes(), 3 * kGranule) << "bad calls change nothing";
