@@ -894,6 +894,16 @@ int run(const settings& s) {
   std::printf("memory efficiency: peak in use %s / peak reserved %s = %.1f%%\n",
               memory::format_bytes(stats.peak_bytes_in_use).c_str(),
               memory::format_bytes(stats.peak_bytes_reserved).c_str(), 100.0 * efficiency);
+  if (stats.peak_bytes_busy > stats.peak_bytes_in_use) {
+    // Memory freed on a stream whose queued work may still use it can neither serve another
+    // stream nor go back: held beside what is in use, it is a floor under any allocator that waits
+    // for the streams to pass.
+    std::printf(
+        "stream order's floor: peak in use and busy on streams %s, so at most %.1f%% for any allocator that "
+        "waits for the streams\n",
+        memory::format_bytes(stats.peak_bytes_busy).c_str(),
+        100.0 * static_cast<double>(stats.peak_bytes_in_use) / static_cast<double>(stats.peak_bytes_busy));
+  }
   std::printf("\n%s", client.report().get().c_str());
   const std::string problem = client.check_invariants().get();
   std::printf("invariants: %s\n", problem.empty() ? "hold" : problem.c_str());

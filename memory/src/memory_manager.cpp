@@ -394,9 +394,18 @@ bool memory_manager::reuse_fenced() {
   (void)order_.fence();  // a failed record leaves the frees unfenced, to be fenced later
   // Memory is wanted: the frees made from here on are fenced at the end of the batch too.
   order_.want_fences();
+  busy_polled_ = true;
   if (!order_.poll() && !order_.advanced()) return false;
   harvest(false);
   return true;
+}
+
+void memory_manager::note_busy() noexcept {
+  busy_polled_ = false;
+  // Every fence was taken and queried just before: what still waits for one is busy. (A free
+  // made since the poll is counted too, a little early; a reserve makes none.)
+  const std::uint64_t busy = stats_.bytes_in_use + order_.held_bytes() + pending_dynamic_bytes();
+  busy_peak_ = std::max(busy_peak_, busy);
 }
 
 void memory_manager::publish(detail::descriptor* d, std::uint64_t size, stream_id q, stream_state* reg, tag_id tag) {
@@ -532,6 +541,7 @@ result<detail::descriptor*> memory_manager::reserve_raw(std::uint64_t size, stre
 result<detail::descriptor*> memory_manager::reserve_attempt(std::uint64_t size, stream_id q, tag_id tag) {
   if (q == streams::none) q = streams::device;
   process_releases();
+  busy_polled_ = false;  // only a poll made by this reserve counts
   stream_state* reg = nullptr;
   if (order_.ordered()) {
     auto u = order_.enter(q);
@@ -559,8 +569,10 @@ result<detail::descriptor*> memory_manager::reserve_attempt(std::uint64_t size, 
   }
   if (!r) {
     if (reg != nullptr) order_.unref(*reg);
+    busy_polled_ = false;
     return r;
   }
+  if (busy_polled_) note_busy();
   if (reg != nullptr && stats_.driver_allocs != pages_before && q != streams::device) {
     // A new page comes from the driver in the order of the device's stream (cudaMallocAsync), where
     // work of the device's own may still use the memory it reuses: the reserve's stream waits.
@@ -844,6 +856,8 @@ const memory_statistics& memory_manager::statistics() {
   stats_.stream_registrations = order_.registrations_made();
   stats_.broken_streams = order_.broken_streams();
   stats_.bytes_held_for_streams = order_.held_bytes();
+  // What is in use is busy too: the floor is at least the peak in use.
+  stats_.peak_bytes_busy = busy_peak_ != 0 ? std::max(busy_peak_, stats_.peak_bytes_in_use) : 0;
   stats_.bytes_sleeping = 0;
   stats_.bytes_offloaded = 0;
   for (const auto& t : tags_) {
@@ -858,6 +872,7 @@ void memory_manager::reset_peaks() {
   process_releases();
   stats_.peak_bytes_reserved = stats_.bytes_reserved;
   stats_.peak_bytes_in_use = stats_.bytes_in_use;
+  busy_peak_ = 0;
 }
 
 std::uint64_t memory_manager::pending_dynamic_bytes() const noexcept {

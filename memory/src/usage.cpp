@@ -43,10 +43,13 @@ std::string memory_statistics::to_string() const {
          (streams > 0 || fences > 0
               ? fmt::format(
                     "streams: {} tracked ({} registered so far{}), {} fences, {} held for streams, {} waits "
-                    "for fences under memory pressure\n",
+                    "for fences under memory pressure{}\n",
                     streams, stream_registrations,
                     broken_streams > 0 ? fmt::format(", {} whose fences failed", broken_streams) : std::string(),
-                    fences, format_bytes(bytes_held_for_streams), stream_waits)
+                    fences, format_bytes(bytes_held_for_streams), stream_waits,
+                    peak_bytes_busy > 0
+                        ? fmt::format(", peak of in use and busy on streams {}", format_bytes(peak_bytes_busy))
+                        : std::string())
               : std::string()) +
          (sleeps > 0 ? fmt::format("sleep: {} sleeping, {} offloaded to the host, {} sleeps, {} wakes, {} pinned host "
                                    "memory kept for later copies\n",

@@ -523,3 +523,45 @@ TEST(StreamOrder, TeardownWithWorkStillQueuedWaitsForTheDevice) {
   f.m.reset();
   EXPECT_TRUE(passed_before_any_return) << "memory went back to the driver while a stream still used it";
 }
+
+// The floor stream order sets: memory freed on a stream whose queued work still uses it is held
+// beside what is in use, whatever the allocator. A reserve that maps counts both after its poll.
+TEST(StreamOrder, ThePeakOfBusyMemoryCountsWhatAStreamStillUsesBesideWhatIsInUse) {
+  fixture f;
+  auto keep = f.reserve(4096, stream_a);
+  auto b = f.reserve(8 * mib, stream_b);
+  (void)f.sim->record_event(stream_b);  // a kernel on B still uses b
+  b.reset();
+  f.m->process_releases();
+  EXPECT_EQ(f.m->statistics().peak_bytes_busy, 0u) << "no reserve has polled the fences yet";
+  auto a = f.reserve(256 * mib, stream_a);  // fits in no mapped memory: polls, and B has not passed
+  {
+    const memory_statistics& st = f.m->statistics();
+    EXPECT_GE(st.peak_bytes_busy, 4096 + 256 * mib + 8 * mib) << "what is in use and what B still uses";
+    EXPECT_LT(st.peak_bytes_busy, 4096 + 256 * mib + 10 * mib);
+    EXPECT_GT(st.peak_bytes_busy, st.peak_bytes_in_use);
+    EXPECT_LE(st.peak_bytes_busy, st.peak_bytes_reserved) << "busy memory is held";
+    EXPECT_NE(st.to_string().find("peak of in use and busy on streams"), std::string::npos) << st.to_string();
+  }
+  // B passes; after a reset the next reserve that maps finds nothing busy but what is in use.
+  f.sim->progress();
+  f.m->reset_peaks();
+  EXPECT_EQ(f.m->statistics().peak_bytes_busy, 0u);
+  auto c = f.reserve(512 * mib, stream_a);
+  {
+    const memory_statistics& st = f.m->statistics();
+    EXPECT_EQ(st.peak_bytes_busy, st.peak_bytes_in_use);
+    EXPECT_EQ(st.bytes_in_use, 4096 + 256 * mib + 512 * mib);
+  }
+  EXPECT_EQ(f.m->check_invariants(), "");
+}
+
+// One stream of the device's own frees at once: nothing is ever busy beside what is in use.
+TEST(StreamOrder, OneStreamHasNoBusyMemoryToCount) {
+  fixture f;
+  auto h = f.reserve(8 * mib, streams::device);
+  h.reset();
+  auto g = f.reserve(256 * mib, streams::device);
+  EXPECT_EQ(f.m->statistics().peak_bytes_busy, 0u);
+  EXPECT_EQ(f.m->statistics().to_string().find("busy on streams"), std::string::npos);
+}

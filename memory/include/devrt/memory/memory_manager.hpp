@@ -347,6 +347,9 @@ class memory_manager {
   /// The pools' reuse_streams (pool_context.hpp): before a pool maps memory, fences the streams
   /// with unfenced frees, polls the fences in flight and harvests what passed. Never waits.
   bool reuse_fenced();
+  /// After a reserve whose pool polled the fences: what is in use and what waits for fences is
+  /// all busy now (memory_statistics::peak_bytes_busy).
+  void note_busy() noexcept;
   /// Publishes a new handle's address and stream (its registration with the reference the reserve
   /// took for it).
   void publish(detail::descriptor* d, std::uint64_t size, stream_id q, stream_state* reg, tag_id tag);
@@ -374,6 +377,10 @@ class memory_manager {
   bool cleanup_owed_ = false;
   // Device synchronizations of `reclaim` for memory on its way back (part of stream_waits).
   std::uint64_t returning_waits_ = 0;
+  // Set by reuse_fenced, cleared by the reserve's note_busy: the fences were just polled.
+  bool busy_polled_ = false;
+  // The highest in use + busy of those samples (statistics() reports it with the peak in use).
+  std::uint64_t busy_peak_ = 0;
   memory_history history_;
   std::vector<std::unique_ptr<tag_space>> tags_;  // by tag number - 1; null for tags not used here
   // Pinned blocks no tag holds, kept because pinning costs far more than the copy into them (about
