@@ -70,8 +70,8 @@ ERROR_ASLEEP = 14
 ERROR_UNSUPPORTED = 15
 
 # The version of devrt_stats read (devrt_get_stats_v): 2 has the sleep and wake fields, 3 the
-# pinned host memory kept for later sleeps.
-_STATS_VERSION = 3
+# pinned host memory kept for later sleeps, 4 the peak of memory in use and busy on streams.
+_STATS_VERSION = 4
 # Longest tag, in bytes (printable ASCII only).
 MAX_TAG_LENGTH = 63
 
@@ -111,6 +111,8 @@ _STAT_FIELDS = [
     "sleeping_bytes", "offloaded_bytes", "sleeps", "wakes",
     # version 3: pinned host memory kept after a wake for the next sleep's copy
     "host_cached_bytes",
+    # version 4: the floor stream order sets
+    "peak_busy_bytes",
 ]
 
 
@@ -323,12 +325,14 @@ def allocation_size(ptr: int) -> int:
 
 
 def stats(device: int = HOST) -> Dict[str, int]:
-    """The statistics of a device (the fields of devrt_stats in devrt/c_api.h, version 3):
+    """The statistics of a device (the fields of devrt_stats in devrt/c_api.h, version 4):
     ``reserved_bytes``, ``in_use_bytes``, ..., and for sleep and wake ``sleeping_bytes`` (memory
     unmapped by ``sleep``), ``offloaded_bytes`` (host memory holding what ``sleep`` kept),
     ``sleeps`` and ``wakes`` (the calls that put a tag to sleep and woke one), and
     ``host_cached_bytes`` (pinned host memory kept after a wake for the next sleep's copy;
-    ``release_host_copies`` frees it)."""
+    ``release_host_copies`` frees it), and ``peak_busy_bytes`` (the peak of memory in use plus
+    memory freed on streams whose queued work may still use it: ``peak_in_use_bytes`` over it
+    bounds the memory efficiency of any allocator that waits for its streams; 0 on the host)."""
     s = _Stats()
     _check(lib().devrt_get_stats_v(device, ctypes.byref(s), _STATS_VERSION))
     return {name: int(getattr(s, name)) for name in _STAT_FIELDS}

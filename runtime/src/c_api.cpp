@@ -751,9 +751,11 @@ int devrt_get_stats_v(int device, devrt_stats* stats, int version) {
       out.sleeps = st.sleeps;
       out.wakes = st.wakes;
       out.host_cached_bytes = st.bytes_host_cached;
+      out.peak_busy_bytes = st.peak_bytes_busy;
       // A caller of an older version has room for its fields only.
       const std::size_t room = version == 1   ? offsetof(devrt_stats, sleeping_bytes)
                                : version == 2 ? offsetof(devrt_stats, host_cached_bytes)
+                               : version == 3 ? offsetof(devrt_stats, peak_busy_bytes)
                                               : sizeof(devrt_stats);
       std::memcpy(stats, &out, room);
       return static_cast<int>(DEVRT_SUCCESS);

@@ -83,6 +83,44 @@ TEST(CApiStreams, EmptyCacheBesideABusyStreamHandsOutNothingEarly) {
   cudaStreamDestroy(b);
 }
 
+// peak_busy_bytes: memory freed on a stream whose kernel still runs is busy beside what is in use,
+// once an allocation on another stream needs new memory; a version 3 caller never sees the field.
+TEST(CApiStreams, ThePeakOfBusyMemoryCountsMemoryAKernelStillUses) {
+  REQUIRE_GPU();
+  started devrt;
+  cudaStream_t a = new_stream();
+  cudaStream_t b = new_stream();
+  void* anchor = nullptr;
+  ASSERT_EQ(devrt_malloc(&anchor, 4096, 0, a), DEVRT_SUCCESS) << devrt_last_error();
+  void* x = nullptr;
+  ASSERT_EQ(devrt_malloc(&x, big, 0, b), DEVRT_SUCCESS) << devrt_last_error();
+  devrt::test_kernels::spin_then_fill(x, big, 1, 500'000, b);
+  ASSERT_EQ(devrt_free(x, 0, b), DEVRT_SUCCESS);
+  void* y = nullptr;
+  ASSERT_EQ(devrt_malloc(&y, 4 * big, 0, a), DEVRT_SUCCESS) << devrt_last_error();  // new memory
+  const bool still_running = cudaStreamQuery(b) == cudaErrorNotReady;
+  devrt_stats st{};
+  ASSERT_EQ(devrt_get_stats_v(0, &st, 4), DEVRT_SUCCESS) << devrt_last_error();
+  std::printf("peak in use %llu, peak busy %llu, peak reserved %llu; b still running: %s\n",
+              static_cast<unsigned long long>(st.peak_in_use_bytes),
+              static_cast<unsigned long long>(st.peak_busy_bytes),
+              static_cast<unsigned long long>(st.peak_reserved_bytes), still_running ? "yes" : "no");
+  if (still_running) {
+    EXPECT_GE(st.peak_busy_bytes, 4096 + 4 * big + big) << "x, which b's kernel still fills, counts beside a and y";
+  }
+  EXPECT_GE(st.peak_busy_bytes, st.peak_in_use_bytes);
+  EXPECT_LE(st.peak_busy_bytes, st.peak_reserved_bytes);
+  devrt_stats old{};
+  old.peak_busy_bytes = 0xDEAD;
+  ASSERT_EQ(devrt_get_stats_v(0, &old, 3), DEVRT_SUCCESS);
+  EXPECT_EQ(old.peak_busy_bytes, 0xDEADu) << "version 3 has no peak_busy_bytes";
+  ASSERT_EQ(cudaStreamSynchronize(b), cudaSuccess);
+  EXPECT_EQ(devrt_free(y, 0, a), DEVRT_SUCCESS);
+  EXPECT_EQ(devrt_free(anchor, 0, a), DEVRT_SUCCESS);
+  cudaStreamDestroy(a);
+  cudaStreamDestroy(b);
+}
+
 // The review's g1, case 2 (finding B3): a stream destroyed with its kernel still writing freed
 // memory, and a new stream that gets the same handle.
 TEST(CApiStreams, AStreamDestroyedWithWorkQueuedNeverLendsItsMemoryToTheNextStream) {

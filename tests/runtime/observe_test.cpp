@@ -113,10 +113,11 @@ TEST(Metrics, TheTextParsesBackToEachDevicesStatistics) {
   EXPECT_EQ(m.at("devrt_reserves_total").at("host").type, "counter");
   EXPECT_EQ(m.at("devrt_maps_total").at("host").value, static_cast<double>(hs.maps));
   EXPECT_EQ(m.at("devrt_unmaps_total").at("sim").value, static_cast<double>(ss.unmaps));
-  for (const char* name : {"devrt_returning_bytes", "devrt_held_for_streams_bytes", "devrt_failed_reserves_total",
-                           "devrt_out_of_memory_errors_total", "devrt_device_refusals_total", "devrt_fences_total",
-                           "devrt_stream_waits_total", "devrt_driver_allocs_total", "devrt_driver_frees_total",
-                           "devrt_cleanups_total", "devrt_reclaims_total", "devrt_streams"}) {
+  for (const char* name :
+       {"devrt_returning_bytes", "devrt_held_for_streams_bytes", "devrt_peak_busy_bytes", "devrt_failed_reserves_total",
+        "devrt_out_of_memory_errors_total", "devrt_device_refusals_total", "devrt_fences_total",
+        "devrt_stream_waits_total", "devrt_driver_allocs_total", "devrt_driver_frees_total", "devrt_cleanups_total",
+        "devrt_reclaims_total", "devrt_streams"}) {
     ASSERT_EQ(m.count(name), 1u) << name;
     EXPECT_EQ(m.at(name).size(), 2u) << name << ": one sample per device";
   }

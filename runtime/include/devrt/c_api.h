@@ -136,11 +136,18 @@ typedef struct devrt_stats {
   uint64_t wakes;           /* devrt_wake calls that woke a tag */
   /* Version 3: the pinned host memory devrt keeps after a wake for the next sleep's copy. */
   uint64_t host_cached_bytes; /* freed by devrt_release_host_copies */
+  /* Version 4: the floor stream order sets. The peak of bytes in use plus bytes freed on streams
+   * whose queued work may still use them, sampled when an allocation that needed new memory had
+   * just checked the streams (0 on the host, and while memory is used on one stream only): memory
+   * still used on a stream can neither serve another stream nor go back, so peak_in_use_bytes /
+   * peak_busy_bytes bounds the memory efficiency of any allocator that waits for its streams.
+   * Since start or devrt_reset_peak_stats. */
+  uint64_t peak_busy_bytes;
 } devrt_stats;
 
 /* The version of devrt_stats this header describes. devrt_get_stats_v fills the fields of the
  * version it is given and no more, so a program built against an older header keeps working. */
-#define DEVRT_STATS_VERSION 3
+#define DEVRT_STATS_VERSION 4
 
 /* Fills `options` with the defaults (CUDA on, layouts "auto", the host held to the memory available
  * at start and its cgroups' limits, environment read). */
