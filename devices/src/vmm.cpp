@@ -162,41 +162,45 @@ result<void> vmm::map(memory::storage_id id, std::uint64_t offset, std::uint64_t
   return {};
 }
 
-void vmm::unmap(memory::storage_id id, std::uint64_t offset, std::uint64_t size) {
-  range* r = find(id);
-  if (r == nullptr || size == 0 || offset % r->unit != 0) {
-    ++misuses_;
-    return;
-  }
+vmm::mapping* vmm::whole_mapping(memory::storage_id id, std::uint64_t offset, std::uint64_t size, range*& r) {
+  r = find(id);
+  if (r == nullptr || size == 0 || offset % r->unit != 0) return nullptr;
   auto it = r->mappings.find(offset / r->unit);
   // Only what one map call mapped, whole.
-  if (it == r->mappings.end() || it->second.st != state::mapped || it->second.count * r->unit != size) {
+  if (it == r->mappings.end() || it->second.st != state::mapped || it->second.count * r->unit != size) return nullptr;
+  return &it->second;
+}
+
+void vmm::unmap(memory::storage_id id, std::uint64_t offset, std::uint64_t size) {
+  range* r = nullptr;
+  mapping* m = whole_mapping(id, offset, size, r);
+  if (m == nullptr) {
     ++misuses_;
     return;
   }
   if (!driver_.deferred()) {
-    unmap_now(id, *r, it->first, false);
+    unmap_now(id, *r, offset / r->unit, false);
     return;
   }
-  it->second.st = state::unmap_requested;
+  m->st = state::unmap_requested;
   ++r->in_flight;
   ++in_flight_;
   returning_ += size;
-  requested_.emplace_back(id, it->first);
+  requested_.emplace_back(id, offset / r->unit);
 }
 
 void vmm::unmap_idle(memory::storage_id id, std::uint64_t offset, std::uint64_t size) {
-  range* r = find(id);
-  if (!driver_.deferred() || driver_.capturing() || r == nullptr || size == 0 || offset % r->unit != 0) {
-    unmap(id, offset, size);  // the same checks and counts
+  // Where unmaps are not deferred, or a capture records, the plain unmap's rules hold.
+  if (!driver_.deferred() || driver_.capturing()) {
+    unmap(id, offset, size);
     return;
   }
-  auto it = r->mappings.find(offset / r->unit);
-  if (it == r->mappings.end() || it->second.st != state::mapped || it->second.count * r->unit != size) {
+  range* r = nullptr;
+  if (whole_mapping(id, offset, size, r) == nullptr) {
     ++misuses_;
     return;
   }
-  unmap_now(id, *r, it->first, true);
+  unmap_now(id, *r, offset / r->unit, true);
 }
 
 void vmm::unmap_now(memory::storage_id id, range& r, std::uint64_t first, bool keep) {

@@ -168,6 +168,9 @@ class vmm {
   };
 
   range* find(memory::storage_id id) noexcept;
+  /// The mapping one map call made at `offset` of range `id`, whole (`size` its bytes) and mapped;
+  /// nullptr for anything else (a misuse). `r` names the range when there is one.
+  mapping* whole_mapping(memory::storage_id id, std::uint64_t offset, std::uint64_t size, range*& r);
   /// Records the requested unmaps behind the device's work, or unmaps them at once (kept with
   /// `keep`) when nothing is left to run. Nothing while capturing.
   result<void> record(bool keep);
