@@ -65,10 +65,9 @@ struct memory_statistics {
   /// The floor that stream order sets under the memory held: the peak of bytes in use plus bytes
   /// freed on streams whose fences had not passed, sampled after each reserve that polled the
   /// fences before mapping, and at least the peak in use (0 on devices without streams, and while
-  /// no reserve had to poll). Memory
-  /// still busy on a stream can neither serve another stream nor go back, so any allocator that
-  /// hands out memory only once such fences show it passed holds at least this much, and
-  /// peak_bytes_in_use / peak_bytes_busy bounds its memory efficiency.
+  /// no reserve had to poll). Memory still busy on a stream can neither serve another stream nor
+  /// go back, so any allocator that hands out memory only once such fences show it passed holds at
+  /// least this much, and peak_bytes_in_use / peak_bytes_busy bounds its memory efficiency.
   std::uint64_t peak_bytes_busy = 0;
   std::uint64_t bytes_sleeping = 0;     ///< memory unmapped by sleeping tags (memory/tag.hpp), mapped again on wake
   std::uint64_t bytes_offloaded = 0;    ///< host memory holding the contents sleeping tags kept
