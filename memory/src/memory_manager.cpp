@@ -401,7 +401,6 @@ bool memory_manager::reuse_fenced() {
 }
 
 void memory_manager::note_busy() noexcept {
-  busy_polled_ = false;
   // Every fence was taken and queried just before: what still waits for one is busy. (A free
   // made since the poll is counted too, a little early; a reserve makes none.)
   const std::uint64_t busy = stats_.bytes_in_use + order_.held_bytes() + pending_dynamic_bytes();
@@ -569,7 +568,6 @@ result<detail::descriptor*> memory_manager::reserve_attempt(std::uint64_t size, 
   }
   if (!r) {
     if (reg != nullptr) order_.unref(*reg);
-    busy_polled_ = false;
     return r;
   }
   if (busy_polled_) note_busy();

@@ -377,7 +377,7 @@ class memory_manager {
   bool cleanup_owed_ = false;
   // Device synchronizations of `reclaim` for memory on its way back (part of stream_waits).
   std::uint64_t returning_waits_ = 0;
-  // Set by reuse_fenced, cleared by the reserve's note_busy: the fences were just polled.
+  // Set by reuse_fenced, cleared where each reserve starts: this reserve polled the fences.
   bool busy_polled_ = false;
   // The highest in use + busy of those samples (statistics() reports it with the peak in use).
   std::uint64_t busy_peak_ = 0;
