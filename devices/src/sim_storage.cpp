@@ -389,12 +389,18 @@ result<memory::event> sim_storage::record_event(memory::stream_id s) {
 
 result<bool> sim_storage::query_event(memory::event e) {
   const std::lock_guard lock(mutex_);
+  ++queries_;
   expire_locked();
   if (fail_query_) {
     fail_query_ = false;
     return error::make(errc::device_error, "injected event query failure");
   }
   return unpassed_.count(e) == 0;
+}
+
+std::uint64_t sim_storage::queries() const noexcept {
+  const std::lock_guard lock(mutex_);
+  return queries_;
 }
 
 bool sim_storage::has_passed(memory::event e) const noexcept {

@@ -395,6 +395,7 @@ bool memory_manager::reuse_fenced() {
   // Memory is wanted: the frees made from here on are fenced at the end of the batch too.
   order_.want_fences();
   busy_polled_ = true;
+  unpolled_batches_ = 0;
   if (!order_.poll() && !order_.advanced()) return false;
   harvest(false);
   return true;
@@ -465,14 +466,19 @@ result<void> memory_manager::retire_stream(stream_id q) {
   return order_.retire(q);
 }
 
-result<void> memory_manager::end_batch(bool push_deallocations) {
+result<void> memory_manager::end_batch(batch_end by) {
   process_releases();
   result<void> out;
   if (order_.ordered()) {
     out = order_.fence();
-    if (order_.poll() || order_.advanced()) harvest();
+    bool polled = false;
+    if (by == batch_end::device_thread || order_.holding() || ++unpolled_batches_ >= poll_in_place_every) {
+      unpolled_batches_ = 0;
+      polled = order_.poll();
+    }
+    if (polled || order_.advanced()) harvest();
   }
-  if (!push_deallocations) return out;
+  if (by == batch_end::in_place) return out;
   if (auto f = flush(); !f && out) out = std::move(f);
   return out;
 }

@@ -357,8 +357,11 @@ void device_actor::after_batch(bool in_place) {
   if (core_->parked()) core_->poll_parked();
   // Queued deallocations reach the driver after the batch's requests were served, never in
   // front of them, and from the device thread only (a caller serving in place leaves them).
-  // Streams are fenced and what their fences allow is freed, without waiting for the device.
-  if (auto r = core_->manager().end_batch(/*push_deallocations=*/!in_place); !r) {
+  // Streams are fenced and what their fences allow is freed, without waiting for the device (a
+  // caller in place asks the device how far it got only every few batches: batch_end::in_place).
+  using memory::memory_manager;
+  const auto by = in_place ? memory_manager::batch_end::in_place : memory_manager::batch_end::device_thread;
+  if (auto r = core_->manager().end_batch(by); !r) {
     SPDLOG_LOGGER_INFO(log_, "[{}] end of batch: {}", info_.name, r.err().message());
   }
   core_->run_fence_waiters();

@@ -192,6 +192,50 @@ TEST(InPlace, WorkParkedByARequestServedInPlaceStillCompletes) {
   EXPECT_TRUE(f.get().applied);
 }
 
+TEST(InPlace, ACallerServingItselfAsksABusyDeviceForItsProgressOnlyEveryFewRequests) {
+  // A thread allocating on its own stream (a request's stream, a framework's side stream) is
+  // served in place while the GPU runs far behind, so the fence of the stream's last frees stays
+  // in flight for thousands of calls. Each query of it is a driver call: a caller asks only every
+  // few requests, yet the device's progress is seen within that many, and the stream reuses its
+  // own memory all along.
+  runtime_options o = sleeping_device();
+  devices::sim_options so = devices::sim_options::h200();
+  so.streams = true;
+  o.sim = so;
+  o.sim_layout = devrt::memory::preset::automatic;  // an arena, as on a GPU: frees tagged with their stream
+  runtime rt(o);
+  compute_client c = rt.sim();
+  devices::sim_storage* sim = sim_storage_of(c);
+  ASSERT_NE(sim, nullptr);
+  const auto mine = devrt::memory::stream::native(reinterpret_cast<void*>(sim->create_stream()));
+  (void)c.reserve(1 << 20, mine).get();
+  std::this_thread::sleep_for(std::chrono::milliseconds(2));  // the actor is idle again
+  const std::uint64_t reserved = c.statistics().get().bytes_reserved;
+  const auto in_place = c.actor()->served_in_place();
+  const std::uint64_t queries = sim->queries();
+  constexpr int requests = 1024;
+  for (int i = 0; i < requests; ++i) {
+    memory_handle h = c.reserve(1 << 20, mine).get();
+    ASSERT_EQ(h.size(), 1u << 20);
+  }
+  ASSERT_GE(c.actor()->served_in_place() - in_place, requests * 9 / 10) << "the requests were not served in place";
+  const std::uint64_t asked = sim->queries() - queries;
+  EXPECT_LE(asked, requests / devrt::memory::memory_manager::poll_in_place_every + 4)
+      << "the callers asked the device about its fence at nearly every request";
+  const devrt::memory::memory_statistics before = c.statistics().get();
+  EXPECT_EQ(before.bytes_reserved, reserved) << "the stream did not reuse its own memory";
+  EXPECT_GE(before.fences, 1u) << "no fence was taken: nothing was in flight to ask about";
+
+  sim->progress();  // the device catches up: the fence in flight passes
+  std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  // Within poll_in_place_every requests the pass is seen, and the next 64 frees get a new fence.
+  for (int i = 0; i < 96; ++i) {
+    memory_handle h = c.reserve(1 << 20, mine).get();
+    ASSERT_EQ(h.size(), 1u << 20);
+  }
+  EXPECT_GT(c.statistics().get().fences, before.fences) << "the passed fence was never seen";
+}
+
 TEST(InPlace, DeallocationsARequestLeavesAreMadeOnTheDeviceThread) {
   // Exclusive pages that give free pages back every few requests: a request that frees pages
   // queues their deallocations. A caller serving in place leaves them to the device thread, after

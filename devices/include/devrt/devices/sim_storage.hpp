@@ -173,6 +173,8 @@ class sim_storage {
   /// The stream id (uid) an event was recorded on.
   [[nodiscard]] std::uint64_t uid_of(memory::event e) const noexcept;
   [[nodiscard]] std::uint64_t waits() const noexcept { return waits_; }
+  /// Event queries made so far (query_event): what a GPU's driver would be asked.
+  [[nodiscard]] std::uint64_t queries() const noexcept;
   [[nodiscard]] std::uint64_t joins() const noexcept { return joins_; }
   [[nodiscard]] std::uint64_t free_records() const noexcept;
   /// The streams `return_after` named.
@@ -302,6 +304,7 @@ class sim_storage {
   std::uint64_t next_uid_ = 16;
   memory::stream_id next_handle_ = 0x100000;
   std::uint64_t waits_ = 0;
+  std::uint64_t queries_ = 0;  // under mutex_
   std::uint64_t joins_ = 0;
   std::uint64_t free_records_ = 0;
   bool fail_record_ = false;
