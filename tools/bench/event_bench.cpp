@@ -1,6 +1,8 @@
 // The CUDA calls a free on a client's stream costs devrt (needs a GPU): cudaEventRecord from 1,
 // 4 and 16 threads at once, each on a stream of its own (a free-time fence is one record per free),
-// cudaStreamGetId (a reserve on a stream a client created identifies it), cudaEventQuery, and how
+// cudaStreamGetId (a reserve on a stream a client created identifies it), cudaEventQuery, the calls
+// that borrow a caller's thread for a request served in place (cudaGetDevice,
+// cudaThreadExchangeStreamCaptureMode), and how
 // often cudaStreamCreate hands out the handle of the stream destroyed just before.
 //
 //   devrt_bench_events [CALLS_PER_THREAD]
@@ -47,6 +49,19 @@ int main(int argc, char** argv) {
   t0 = clock_type::now();
   for (int i = 0; i < n; ++i) cudaEventQuery(ev);
   std::printf("cudaEventQuery (passed): %.0f ns\n", ns_per(t0, n));
+  // What a request served on the caller's thread costs before and after it (the storage borrows
+  // the thread: the device made current, the capture mode set to relaxed, both put back).
+  int dev = -1;
+  t0 = clock_type::now();
+  for (int i = 0; i < n; ++i) cudaGetDevice(&dev);
+  std::printf("cudaGetDevice: %.0f ns\n", ns_per(t0, n));
+  t0 = clock_type::now();
+  for (int i = 0; i < n; ++i) {
+    cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
+    cudaThreadExchangeStreamCaptureMode(&mode);
+    if (mode != cudaStreamCaptureModeRelaxed) cudaThreadExchangeStreamCaptureMode(&mode);
+  }
+  std::printf("cudaThreadExchangeStreamCaptureMode (to relaxed and back as needed): %.0f ns\n", ns_per(t0, n));
   for (const int threads : {1, 4, 16}) {
     std::vector<std::thread> pool;
     std::atomic<double> sum{0};
