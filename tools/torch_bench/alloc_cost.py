@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """The cost of one tensor allocation and free under an allocator, from Python, on a GPU.
 
-    PYTHONPATH=python python3 tools/torch_bench/alloc_cost.py ALLOCATOR [--lib LIB] [--busy]
+    PYTHONPATH=python python3 tools/torch_bench/alloc_cost.py ALLOCATOR [--lib LIB] [--busy] [--side-stream]
 
 ALLOCATOR: default, expandable (PyTorch's with expandable segments), devrt, async (PyTorch's
 cudaMallocAsync backend) or plugin-async (the same two CUDA calls through PyTorch's pluggable
@@ -16,7 +16,9 @@ machine vary between runs, so compare runs of one call, with the order rotated.
 
 --busy: each loop runs while the GPU is still busy with a kernel queued before it (about a
 second of ``torch.cuda._sleep``), as in a real workload whose host runs ahead of the GPU: the frees
-of the loop are not yet reached by the stream when the next allocations come.
+of the loop are not yet reached by the stream when the next allocations come. --side-stream: the
+loops allocate on a stream the script creates (a request's stream, a framework's side stream)
+rather than the default stream.
 """
 
 import argparse
@@ -47,6 +49,8 @@ def main(argv=None) -> int:
     p.add_argument("allocator", choices=("default", "expandable", "devrt", "async", "plugin-async"))
     p.add_argument("--lib", default=None, help="libdevrt_c.so for devrt (else DEVRT_LIBRARY or the package's)")
     p.add_argument("--busy", action="store_true", help="keep the GPU busy behind each loop")
+    p.add_argument("--side-stream", action="store_true",
+                   help="allocate on a stream of the script's own (torch.cuda.Stream) instead of the default one")
     args = p.parse_args(argv)
     if args.allocator == "expandable":
         os.environ["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"
@@ -107,11 +111,15 @@ def main(argv=None) -> int:
         torch.cuda.synchronize()  # not timed
         return us
 
-    at_once(20000, sizes)  # warm: the allocator's memory is in place
-    a = min(timed(at_once, sizes) for _ in range(3))
-    b = min(timed(held, sizes) for _ in range(3))
-    c = min(timed(at_once, [0]) for _ in range(3))
-    busy = " (GPU busy)" if args.busy else ""
+    import contextlib  # noqa: PLC0415
+
+    where = torch.cuda.stream(torch.cuda.Stream()) if args.side_stream else contextlib.nullcontext()
+    with where:
+        at_once(20000, sizes)  # warm: the allocator's memory is in place
+        a = min(timed(at_once, sizes) for _ in range(3))
+        b = min(timed(held, sizes) for _ in range(3))
+        c = min(timed(at_once, [0]) for _ in range(3))
+    busy = (" (GPU busy)" if args.busy else "") + (" (side stream)" if args.side_stream else "")
     print(f"{args.allocator}{busy}: empty+del {a:.2f} us, 8 held {b:.2f} us, size-0 tensor {c:.2f} us")
     return 0
 
