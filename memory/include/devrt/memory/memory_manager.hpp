@@ -120,7 +120,7 @@ class memory_manager {
     /// A client thread that served its own message: deallocations stay queued for the device
     /// thread (a later `end_batch` or `flush`), and the fences are queried only every
     /// `poll_in_place_every` such batches, or at once while slices are held for several streams.
-    /// A query is a driver call (about 0.3 us on an H200 host), and while the GPU runs behind
+    /// A query is a driver call (0.15-0.3 us on an H100 or H200 host), and while the GPU runs behind
     /// every malloc would query the same fence; a reserve that would map queries first in any
     /// case (so no memory is mapped for want of a query).
     in_place,
