@@ -117,6 +117,44 @@ TEST(StreamOrder, TheSameStreamReusesAtOnceAnotherWaitsForTheFence) {
   EXPECT_EQ(f.m->check_invariants(), "");
 }
 
+// A client thread serving its own request ends the batch in place: it asks the device how far
+// the fences got only every poll_in_place_every such batches (each query is a driver call), and at
+// once while memory is held. Until it asks, what passed stays unavailable to other streams: later,
+// never earlier.
+TEST(StreamOrder, BatchesEndedInPlaceQueryTheFencesOnlyEverySixteenth) {
+  using batch_end = memory_manager::batch_end;
+  fixture f;
+  auto keep_b = f.reserve(4096, stream_b);
+  auto h = f.reserve(mib, stream_a);
+  const std::uint64_t at = f.offset(h);
+  h.reset();
+  f.m->want_fences();
+  ASSERT_TRUE(f.m->end_batch(batch_end::device_thread));  // A's free gets its fence; nothing passed
+  f.sim->progress_stream(stream_a);                       // now it has
+  const std::uint64_t queries = f.sim->queries();
+  for (std::uint32_t i = 1; i < memory_manager::poll_in_place_every; ++i) {
+    ASSERT_TRUE(f.m->end_batch(batch_end::in_place));
+  }
+  EXPECT_EQ(f.sim->queries(), queries) << "a batch ended in place asked before its turn";
+  ASSERT_TRUE(f.m->end_batch(batch_end::in_place));
+  EXPECT_EQ(f.sim->queries(), queries + 1) << "the 16th batch ended in place did not ask";
+  auto c = f.reserve(mib, stream_c);
+  EXPECT_EQ(f.offset(c), at) << "the fence seen passed, A's memory is free for every stream";
+  EXPECT_EQ(f.sim->queries(), queries + 1) << "the reserve had to ask again: the batch's answer was not used";
+  c.reset();
+
+  // Memory held for several streams: asked at once, at the first batch ended in place.
+  auto g = f.reserve(mib, stream_a);
+  ASSERT_TRUE(f.m->record_stream(g.binding(), stream_b));
+  g.reset();
+  f.m->process_releases();
+  ASSERT_TRUE(f.m->order().holding());
+  const std::uint64_t before = f.sim->queries();
+  ASSERT_TRUE(f.m->end_batch(batch_end::in_place));
+  EXPECT_GT(f.sim->queries(), before) << "held memory waited for the caller's turn to ask";
+  EXPECT_EQ(f.m->check_invariants(), "");
+}
+
 // Cross-stream reuse before mapping: a reserve that would map new memory first fences the streams
 // with unfenced frees and queries the fences in flight (it never waits), so memory another stream
 // freed comes to it as soon as that stream's work has passed, with no batch end in between; memory

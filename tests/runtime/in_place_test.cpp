@@ -228,7 +228,8 @@ TEST(InPlace, ACallerServingItselfAsksABusyDeviceForItsProgressOnlyEveryFewReque
 
   sim->progress();  // the device catches up: the fence in flight passes
   std::this_thread::sleep_for(std::chrono::milliseconds(2));
-  // Within poll_in_place_every requests the pass is seen, and the next 64 frees get a new fence.
+  // Within poll_in_place_every requests the pass is seen, and the next batch takes a new fence for
+  // the frees made since.
   for (int i = 0; i < 96; ++i) {
     memory_handle h = c.reserve(1 << 20, mine).get();
     ASSERT_EQ(h.size(), 1u << 20);

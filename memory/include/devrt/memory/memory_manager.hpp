@@ -119,10 +119,12 @@ class memory_manager {
     device_thread,
     /// A client thread that served its own message: deallocations stay queued for the device
     /// thread (a later `end_batch` or `flush`), and the fences are queried only every
-    /// `poll_in_place_every` such batches, or at once while slices are held for several streams.
-    /// A query is a driver call (0.15-0.3 us on an H100 or H200 host), and while the GPU runs behind
-    /// every malloc would query the same fence; a reserve that would map queries first in any
-    /// case (so no memory is mapped for want of a query).
+    /// `poll_in_place_every` such batches (whoever ended them), or at once while any slice is
+    /// held for its fences. A query is a driver call (0.15-0.3 us on an H100 or H200 host), and
+    /// while the GPU runs behind every malloc would query the same fence. An arena's reserve that
+    /// would map queries first in any case (so no memory is mapped for want of a query); other
+    /// pools hold their frees, and so are asked about at every batch. Until a query, what passed
+    /// stays unavailable to other streams and to the driver: later, never earlier.
     in_place,
   };
   static constexpr std::uint32_t poll_in_place_every = 16;
