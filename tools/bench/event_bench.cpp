@@ -2,8 +2,8 @@
 // 4 and 16 threads at once, each on a stream of its own (a free-time fence is one record per free),
 // cudaStreamGetId (a reserve on a stream a client created identifies it), cudaEventQuery, the calls
 // that borrow a caller's thread for a request served in place (cudaGetDevice,
-// cudaThreadExchangeStreamCaptureMode), and how
-// often cudaStreamCreate hands out the handle of the stream destroyed just before.
+// cudaThreadExchangeStreamCaptureMode), and how often cudaStreamCreate hands out the handle of
+// the stream destroyed just before.
 //
 //   devrt_bench_events [CALLS_PER_THREAD]
 #include <cuda_runtime_api.h>

@@ -28,8 +28,9 @@
 // Either way at most one fence per stream is in flight, a new one is taken after `fence_after`
 // unfenced frees or when memory is wanted, and fences are queried without blocking after every
 // batch on the owner's thread (a client serving its request in place asks every few batches, or
-// at once while memory is held: memory_manager::batch_end). `done` of a registration is the newest epoch whose fence
-// *passed*; nothing else ever advances it, except a device-wide synchronization under memory pressure or at teardown.
+// at once while memory is held: memory_manager::batch_end). `done` of a registration is the
+// newest epoch whose fence *passed*; nothing else ever advances it, except a device-wide
+// synchronization under memory pressure or at teardown.
 //
 // Frees. While the device's memory has been used on one stream only, and that stream is the
 // device's own or the legacy stream (neither is ever destroyed), frees are immediate: every later
